@@ -1,0 +1,1 @@
+"""Example unimas plugin package (see docs/plugins.md)."""

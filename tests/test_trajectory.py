@@ -1,0 +1,42 @@
+import networkx as nx
+
+from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode, read_jsonl, write_jsonl
+
+
+def sample():
+    traj = GraphTrajectory(episode_id="e0", task_id="t0", task={"q": "1+1="}, outcome={"answer": "2"})
+    traj.add_node(TurnNode(id="solver#0", role="solver", model_group="m", prompt="1+1=", text="2",
+                           prompt_ids=[1, 2, 3], response_ids=[4, 5], logprobs=[-0.1, -0.2], reward=1.0,
+                           advantage=0.5))
+    traj.add_node(ToolNode(id="tool:calc#0", tool="calc", arguments={"e": "1+1"}, result=2), ["solver#0"])
+    traj.add_node(TurnNode(id="verifier#0", role="verifier", model_group="m", prompt="p", text="2",
+                           parse_error=None), ["solver#0", "tool:calc#0"])
+    traj.rewards = {"exact_match": 1.0, "fix": {"verifier": 0.0}}
+    return traj
+
+
+def test_json_round_trip_is_lossless(tmp_path):
+    traj = sample()
+    again = GraphTrajectory.from_json(traj.to_json())
+    assert again.to_dict() == traj.to_dict()
+    assert isinstance(again.node("tool:calc#0"), ToolNode)
+    write_jsonl(tmp_path / "t.jsonl", [traj, traj])
+    assert [t.to_dict() for t in read_jsonl(tmp_path / "t.jsonl")] == [traj.to_dict()] * 2
+
+
+def test_graph_is_a_dag_with_consumed_edges():
+    traj = sample()
+    assert nx.is_directed_acyclic_graph(traj.graph)
+    assert set(traj.graph.predecessors("verifier#0")) == {"solver#0", "tool:calc#0"}
+    assert [t.id for t in traj.turns()] == ["solver#0", "verifier#0"]
+    assert [t.id for t in traj.turns("verifier")] == ["verifier#0"]
+
+
+def test_unknown_consumed_node_is_rejected():
+    traj = GraphTrajectory(episode_id="e", task_id="t")
+    try:
+        traj.add_node(TurnNode(id="a#0", role="a", model_group="m", prompt=""), ["ghost"])
+    except KeyError as exc:
+        assert "ghost" in str(exc)
+    else:
+        raise AssertionError("expected KeyError")

@@ -1,0 +1,1 @@
+"""Model-group backends: the part of the star that owns weights."""

@@ -1,0 +1,70 @@
+"""The `unimas` command line.
+
+User mistakes (bad config, unknown plugin, missing file) exit with code 2 and
+one paragraph naming the field or file; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from unimas.errors import UserError
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="experiment YAML")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set trainer.steps=50 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="unimas", description="Train LLM multi-agent systems with RL.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for every error")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train a multi-agent system")
+    _config_args(train)
+    train.add_argument("--run-dir", type=Path, help="run directory (default: a new folder under runs/)")
+    train.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+    train.add_argument("--dry-run", action="store_true", help="validate and print the placement plan, then stop")
+
+    validate = sub.add_parser("validate", help="check a config before any model loads")
+    _config_args(validate)
+
+    sub.add_parser("plugins", help="list registered plugins by kind")
+
+    evaluate = sub.add_parser("eval", help="evaluate a checkpoint without training")
+    _config_args(evaluate)
+    evaluate.add_argument("--checkpoint", type=Path, help="checkpoint dir (checkpoints/step_N of a run)")
+    evaluate.add_argument("--run-dir", type=Path, help="where to write results (default: new folder under runs/)")
+
+    report = sub.add_parser("report", help="write report.html and plots for a run directory")
+    report.add_argument("run_dir", type=Path)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from unimas import commands
+
+    return getattr(commands, f"cmd_{args.command}")(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Resolve a validated config against the plugin registry.
+
+Everything a run needs that comes from plugins — the workflow coroutine, tool
+and reward functions, the task lists, the estimator — is looked up once here,
+so `validate`, `train`, `eval` and `sft` see exactly the same objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from unimas.config import ExperimentConfig
+from unimas.credit import resolve_estimator
+from unimas.errors import UserError
+from unimas.registry import Registry, build_registry
+
+
+@dataclass
+class Experiment:
+    config: ExperimentConfig
+    registry: Registry
+    workflow: Callable[..., Any]
+    tools: dict[str, Callable[..., Any]]
+    rewards: dict[str, Callable[..., Any]]
+    estimator: Callable[..., Any] | str
+
+    @classmethod
+    def resolve(cls, config: ExperimentConfig, registry: Registry | None = None) -> "Experiment":
+        registry = registry or build_registry(config.plugins)
+        if config.workflow.graph is not None:
+            from unimas.workflow.graph import make_graph_workflow
+
+            workflow = make_graph_workflow(config.workflow.graph)
+        else:
+            workflow = registry.get("workflows", config.workflow.name, where="workflow.name")
+            if config.workflow.params:
+                workflow = _bind_params(workflow, config.workflow.params)
+        tools = {name: registry.get("tools", name) for name in registry.names("tools")}
+        rewards = {r.name: registry.get("rewards", r.name, where=f"rewards[{i}].name")
+                   for i, r in enumerate(config.rewards)}
+        registry.get("datasets", config.data.name, where="data.name")
+        estimator = resolve_estimator(config.algorithm.estimator, registry)
+        return cls(config, registry, workflow, tools, rewards, estimator)
+
+    def tasks(self, split: str) -> list[dict]:
+        data = self.config.data
+        params = data.eval_params if (split == "eval" and data.eval_params is not None) else data.params
+        factory = self.registry.get("datasets", data.name, where="data.name")
+        try:
+            tasks = factory(split=split, seed=self.config.trainer.seed, **params)
+        except TypeError as exc:
+            raise UserError(f"dataset '{data.name}' rejected its params: {exc}", where="data.params") from None
+        if not tasks:
+            raise UserError(f"dataset '{data.name}' returned no tasks for split '{split}'", where="data")
+        return [dict(task, id=task.get("id", f"{split}-{i}")) for i, task in enumerate(tasks)]
+
+    @property
+    def primary_reward(self) -> str | None:
+        """The first trajectory-level reward: what `eval/accuracy` and `reward/mean` report."""
+        from unimas.credit import reward_keys
+
+        for key, spec in zip(reward_keys(self.config.rewards), self.config.rewards):
+            if spec.level == "trajectory":
+                return key
+        return None
+
+
+def _bind_params(workflow: Callable[..., Any], params: dict[str, Any]) -> Callable[..., Any]:
+    async def bound(ctx, task):
+        return await workflow(ctx, task, **params)
+
+    bound.__name__ = getattr(workflow, "__name__", "workflow")
+    return bound

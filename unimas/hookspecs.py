@@ -1,0 +1,158 @@
+"""Hook specifications: the whole plugin contract of unimas.
+
+A plugin is any module or object with functions marked ``@unimas.hookimpl``
+and named after the hooks below. unimas finds plugins three ways:
+
+1. the built-ins (``unimas_plugins.*``, ``unimas_workflows``), registered
+   through the ``unimas`` entry-point group exactly like third-party ones;
+2. any installed distribution that declares an entry point in the ``unimas``
+   group, e.g. in its ``pyproject.toml``::
+
+       [project.entry-points.unimas]
+       my_team = "my_team.plugin"
+
+3. modules named in the experiment config under ``plugins: [my_module]``.
+
+Every "registry" hook returns a ``dict`` mapping a public name to an object.
+Names are global per kind: two plugins that provide the same workflow name is
+an error that names both providers. See ``docs/plugins.md`` for runnable
+examples of every hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("unimas")
+
+
+@hookspec
+def unimas_workflows() -> dict[str, Callable[..., Any]]:
+    """Return workflows by name.
+
+    A workflow is an ``async def workflow(ctx, task) -> dict | None``. It calls
+    ``await ctx.act(role, **template_vars)`` for every model turn and
+    ``await ctx.tool(name, **arguments)`` for every tool call, with ordinary
+    Python control flow in between (loops, branches, ``asyncio.gather``).
+    Whatever it returns is stored as the trajectory's ``outcome``, which
+    reward plugins read.
+
+    Example::
+
+        async def echo_twice(ctx, task):
+            first = await ctx.act("writer", question=task["question"])
+            final = await ctx.act("editor", draft=first)   # edge writer -> editor
+            return {"answer": final.text}
+
+        @unimas.hookimpl
+        def unimas_workflows():
+            return {"echo_twice": echo_twice}
+    """
+
+
+@hookspec
+def unimas_rewards() -> dict[str, Callable[..., Any]]:
+    """Return reward functions by name.
+
+    A reward is ``reward(trajectory, task, **params)`` where ``params`` comes
+    from the config entry. What it returns depends on the ``level`` the config
+    asks for:
+
+    * ``trajectory``: a float for the whole episode;
+    * ``role``: ``{role_name: float}``;
+    * ``turn``: ``{node_id: float}`` for individual turn nodes.
+
+    Example::
+
+        def exact_answer(trajectory, task, field="answer"):
+            return float(trajectory.outcome.get(field) == task["answer"])
+
+        @unimas.hookimpl
+        def unimas_rewards():
+            return {"exact_answer": exact_answer}
+    """
+
+
+@hookspec
+def unimas_tools() -> dict[str, Callable[..., Any]]:
+    """Return tools by name.
+
+    A tool is a plain or ``async`` callable taking keyword arguments and
+    returning JSON-serialisable data. Workflows call it with
+    ``await ctx.tool(name, **kwargs)``; graph workflows with a ``tool`` node.
+    A tool that raises is recorded on its node as an error; the episode
+    decides what to do with it.
+
+    Example::
+
+        def add(a: int, b: int) -> int:
+            return a + b
+
+        @unimas.hookimpl
+        def unimas_tools():
+            return {"add": add}
+    """
+
+
+@hookspec
+def unimas_datasets() -> dict[str, Callable[..., Any]]:
+    """Return dataset factories by name.
+
+    A factory is ``factory(split, seed, **params) -> list[dict]``; ``split`` is
+    ``"train"`` or ``"eval"``. Each dict is one task; its keys are available to
+    role templates and rewards. A task may carry ``"id"``; unimas assigns one
+    otherwise.
+
+    Example::
+
+        def letters(split, seed, n=8):
+            return [{"id": f"{split}-{i}", "target": "abcdefgh"[i]} for i in range(n)]
+
+        @unimas.hookimpl
+        def unimas_datasets():
+            return {"letters": letters}
+    """
+
+
+@hookspec
+def unimas_estimators() -> dict[str, Callable[..., Any]]:
+    """Return advantage estimators by name, beside verl's registry.
+
+    An estimator has verl's signature::
+
+        estimator(token_level_rewards, response_mask, index, config) -> (advantages, returns)
+
+    with ``token_level_rewards`` and ``response_mask`` of shape ``(turns, 1)``
+    (one credit scalar per turn) and ``index`` an array of group keys. unimas
+    looks a name up here first and in verl's ``core_algos`` registry second,
+    so ``grpo``, ``rloo``, ``reinforce_plus_plus`` and friends need no plugin.
+
+    Example::
+
+        def mean_baseline(token_level_rewards, response_mask, index, config):
+            scores = token_level_rewards.sum(-1)
+            adv = scores - scores.mean()
+            return adv[:, None] * response_mask, adv[:, None] * response_mask
+
+        @unimas.hookimpl
+        def unimas_estimators():
+            return {"mean_baseline": mean_baseline}
+    """
+
+
+@hookspec
+def unimas_backends() -> dict[str, Callable[..., Any]]:
+    """Return model-group backends by name.
+
+    A backend is ``factory(group_config, roles, seed) -> ModelGroup`` (see
+    :class:`unimas.backends.base.ModelGroup`): it owns the weights of one
+    model group, generates for every role mapped to it and updates them.
+
+    Example::
+
+        @unimas.hookimpl
+        def unimas_backends():
+            return {"torch": TorchModelGroup.from_config}
+    """

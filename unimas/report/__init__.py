@@ -1,0 +1,1 @@
+"""Run reports: plots and a self-contained HTML trajectory viewer."""

@@ -1,0 +1,1 @@
+"""The star: controller-side routing and the transports to model groups."""

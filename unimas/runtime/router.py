@@ -1,0 +1,107 @@
+"""Micro-batching of generation requests per model group.
+
+Every ``ctx.act`` in every in-flight episode becomes one request here. A
+group's queue is flushed as one batch when it reaches ``max_batch_size``,
+when *every* live episode is waiting on a model (nothing else can make
+progress, so waiting longer only adds latency), or after ``max_wait_s``
+otherwise (e.g. some episodes are in a slow tool call). The second rule makes
+batch composition — and so sampling — deterministic whenever no real-time
+waits are involved, which is why local and Ray runs match.
+
+The router does not know how a batch reaches a model: a :class:`Transport`
+does that (in-process call, or a Ray actor call). One routing code path,
+several transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Protocol
+
+from unimas.backends.base import GenRequest, GenResult
+
+
+class Transport(Protocol):
+    async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]: ...
+
+
+class GroupFailure(RuntimeError):
+    """A model group could not serve a batch; fatal for the step, unlike a workflow error."""
+
+    def __init__(self, group: str, cause: BaseException):
+        self.group = group
+        self.cause = cause
+        super().__init__(f"model group '{group}' failed: {type(cause).__name__}: {cause}")
+
+
+class Router:
+    def __init__(self, transport: Transport, max_batch_size: int = 256, max_wait_s: float = 0.005):
+        self.transport = transport
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self._queues: dict[str, list[tuple[GenRequest, asyncio.Future]]] = defaultdict(list)
+        self._live_episodes = 0
+        self._waiting = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._inflight: set[asyncio.Task] = set()
+        self.batches: list[tuple[str, int]] = []
+        """(group, batch size) of every flushed batch: for metrics and tests."""
+
+    def episode_started(self) -> None:
+        self._live_episodes += 1
+
+    def episode_finished(self) -> None:
+        self._live_episodes -= 1
+        self._maybe_flush()
+
+    async def submit(self, group: str, request: GenRequest) -> GenResult:
+        future = asyncio.get_running_loop().create_future()
+        self._queues[group].append((request, future))
+        self._waiting += 1
+        if len(self._queues[group]) >= self.max_batch_size:
+            self._flush(group)
+        else:
+            self._maybe_flush()
+        return await future
+
+    def _maybe_flush(self) -> None:
+        if not any(self._queues.values()):
+            return
+        if self._waiting >= self._live_episodes:
+            self._flush_all()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush_all)
+
+    def _flush_all(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for group in sorted(self._queues):
+            if self._queues[group]:
+                self._flush(group)
+
+    def _flush(self, group: str) -> None:
+        batch = self._queues[group][: self.max_batch_size]
+        del self._queues[group][: self.max_batch_size]
+        self.batches.append((group, len(batch)))
+        task = asyncio.ensure_future(self._serve(group, batch))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _serve(self, group: str, batch: list[tuple[GenRequest, asyncio.Future]]) -> None:
+        try:
+            results = await self.transport.generate(group, [request for request, _ in batch])
+            error = None
+        except Exception as exc:  # noqa: BLE001 - surfaced to every waiting episode
+            results, error = None, GroupFailure(group, exc)
+        self._waiting -= len(batch)
+        for index, (_, future) in enumerate(batch):
+            if future.done():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(results[index])
+        if self._queues[group]:
+            self._maybe_flush()

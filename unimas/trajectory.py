@@ -1,0 +1,137 @@
+"""Graph trajectories: the record of one episode.
+
+An episode is a DAG in time. Turn nodes hold what a role saw and said (text,
+token ids, log-probs, parse result); tool nodes hold calls and results; an
+edge ``a -> b`` says that ``b`` consumed the output of ``a``. Rewards and
+advantages are written onto the nodes, so the report can show exactly what
+each turn was credited with. networkx holds the graph; JSON is the wire and
+disk format and round-trips losslessly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Iterable, Iterator, Optional
+
+import networkx as nx
+
+
+@dataclass
+class TurnNode:
+    id: str
+    role: str
+    model_group: str
+    prompt: str
+    text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finished: bool = True
+    parsed: Optional[str] = None
+    parse_error: Optional[str] = None
+    role_turn_index: int = 0
+    started: float = 0.0
+    ended: float = 0.0
+    reward: Optional[float] = None
+    advantage: Optional[float] = None
+    kind: str = "turn"
+
+
+@dataclass
+class ToolNode:
+    id: str
+    tool: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+    error: Optional[str] = None
+    started: float = 0.0
+    ended: float = 0.0
+    kind: str = "tool"
+
+
+Node = TurnNode | ToolNode
+
+
+@dataclass
+class GraphTrajectory:
+    """One episode: a DAG of turn and tool nodes plus the task and outcome."""
+
+    episode_id: str
+    task_id: str
+    task: dict[str, Any] = field(default_factory=dict)
+    outcome: dict[str, Any] = field(default_factory=dict)
+    error: Optional[str] = None
+    rewards: dict[str, Any] = field(default_factory=dict)
+    """Per reward name: the raw value the plugin returned (trajectory/role/turn level)."""
+    started: float = 0.0
+    ended: float = 0.0
+    graph: nx.DiGraph = field(default_factory=nx.DiGraph)
+
+    def add_node(self, node: Node, consumed: Iterable[str] = ()) -> Node:
+        self.graph.add_node(node.id, data=node)
+        for source in consumed:
+            if source not in self.graph:
+                raise KeyError(f"node {source!r} is not part of episode {self.episode_id}")
+            self.graph.add_edge(source, node.id)
+        return node
+
+    def node(self, node_id: str) -> Node:
+        return self.graph.nodes[node_id]["data"]
+
+    def nodes(self) -> Iterator[Node]:
+        for node_id in nx.topological_sort(self.graph):
+            yield self.graph.nodes[node_id]["data"]
+
+    def turns(self, role: str | None = None) -> list[TurnNode]:
+        return [n for n in self.nodes() if isinstance(n, TurnNode) and (role is None or n.role == role)]
+
+    def tool_calls(self) -> list[ToolNode]:
+        return [n for n in self.nodes() if isinstance(n, ToolNode)]
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "episode_id": self.episode_id,
+            "task_id": self.task_id,
+            "task": self.task,
+            "outcome": self.outcome,
+            "error": self.error,
+            "rewards": self.rewards,
+            "started": self.started,
+            "ended": self.ended,
+            "nodes": [asdict(self.graph.nodes[n]["data"]) for n in self.graph.nodes],
+            "edges": [[a, b] for a, b in self.graph.edges],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GraphTrajectory":
+        traj = cls(**{k: data[k] for k in ("episode_id", "task_id", "task", "outcome", "error",
+                                             "rewards", "started", "ended")})
+        for raw in data["nodes"]:
+            node_cls = TurnNode if raw["kind"] == "turn" else ToolNode
+            known = {f.name for f in fields(node_cls)}
+            traj.graph.add_node(raw["id"], data=node_cls(**{k: v for k, v in raw.items() if k in known}))
+        traj.graph.add_edges_from(tuple(e) for e in data["edges"])
+        return traj
+
+    @classmethod
+    def from_json(cls, text: str) -> "GraphTrajectory":
+        return cls.from_dict(json.loads(text))
+
+
+def write_jsonl(path, trajectories: Iterable[GraphTrajectory], mode: str = "a") -> None:
+    with open(path, mode, buffering=1) as handle:
+        for traj in trajectories:
+            handle.write(traj.to_json() + "\n")
+
+
+def read_jsonl(path) -> list[GraphTrajectory]:
+    with open(path) as handle:
+        return [GraphTrajectory.from_json(line) for line in handle if line.strip()]

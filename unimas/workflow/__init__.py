@@ -1,0 +1,1 @@
+"""Workflows: Python coroutines or declarative graphs, one episode context."""

@@ -1,0 +1,114 @@
+"""The episode context a workflow talks to.
+
+``ctx.act(role, **vars)`` renders the role's template, sends one generation
+request to the role's model group through the router, parses the output and
+records a turn node; passing an earlier turn or tool node as a variable both
+inserts its text and records the "consumed" edge. ``ctx.tool(name, **args)``
+runs a registered tool and records a tool node. Python and graph workflows go
+through these same two calls, so both produce the same graph trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+from unimas.backends.base import GenRequest
+from unimas.config import RoleConfig
+from unimas.errors import UserError
+from unimas.runtime.router import Router
+from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
+from unimas.workflow.templates import render
+
+
+def node_value(value: Any) -> Any:
+    """What a node contributes when used as a template variable."""
+    if isinstance(value, TurnNode):
+        return value.parsed if value.parsed is not None else value.text
+    if isinstance(value, ToolNode):
+        return value.result if value.error is None else f"error: {value.error}"
+    return value
+
+
+class EpisodeContext:
+    def __init__(
+        self,
+        trajectory: GraphTrajectory,
+        roles: Mapping[str, RoleConfig],
+        router: Router,
+        tools: Mapping[str, Callable[..., Any]],
+        greedy: bool = False,
+    ):
+        self.trajectory = trajectory
+        self.task = trajectory.task
+        self._roles = roles
+        self._router = router
+        self._tools = tools
+        self._greedy = greedy
+        self._role_counts: dict[str, int] = {}
+        self._tool_counts: dict[str, int] = {}
+
+    def _consumed(self, after: Iterable[Any], values: Mapping[str, Any]) -> list[str]:
+        ids = [n.id if isinstance(n, (TurnNode, ToolNode)) else str(n) for n in after]
+        ids += [v.id for v in values.values() if isinstance(v, (TurnNode, ToolNode))]
+        return list(dict.fromkeys(ids))
+
+    async def act(self, role: str, *, after: Iterable[Any] = (), **variables: Any) -> TurnNode:
+        if role not in self._roles:
+            raise UserError(f"workflow asked for role '{role}', which the config does not declare", where="roles")
+        spec = self._roles[role]
+        values = {**self.task, **{k: node_value(v) for k, v in variables.items()}}
+        try:
+            prompt = spec.system + render(spec.template, values)
+        except KeyError as missing:
+            raise UserError(f"template of role '{role}' needs variable {missing}, which the workflow did not pass",
+                            where=f"roles.{role}.template") from None
+        index = self._role_counts.get(role, 0)
+        self._role_counts[role] = index + 1
+        generation = spec.eval_generation if (self._greedy and spec.eval_generation) else spec.generation
+        started = time.perf_counter()
+        result = await self._router.submit(
+            spec.model, GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy)
+        )
+        node = TurnNode(
+            id=f"{role}#{index}", role=role, model_group=spec.model, prompt=prompt, text=result.text,
+            prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
+            finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
+        )
+        _parse(node, spec)
+        return self.trajectory.add_node(node, self._consumed(after, variables))
+
+    async def tool(self, name: str, *, after: Iterable[Any] = (), **arguments: Any) -> ToolNode:
+        if name not in self._tools:
+            raise UserError(f"workflow called tool '{name}', which no plugin provides", where="workflow")
+        index = self._tool_counts.get(name, 0)
+        self._tool_counts[name] = index + 1
+        plain = {k: node_value(v) for k, v in arguments.items()}
+        node = ToolNode(id=f"tool:{name}#{index}", tool=name, arguments=plain, started=time.perf_counter())
+        try:
+            result = self._tools[name](**plain)
+            node.result = await result if inspect.isawaitable(result) else result
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failing tool is data, not a crash
+            node.error = f"{type(exc).__name__}: {exc}"
+        node.ended = time.perf_counter()
+        return self.trajectory.add_node(node, self._consumed(after, arguments))
+
+
+def _parse(node: TurnNode, spec: RoleConfig) -> None:
+    """Fill ``parsed``/``parse_error``: bad output is recorded, never raised."""
+    if spec.generation.require_eos and not node.finished:
+        node.parse_error = f"no end-of-sequence within {spec.generation.max_new_tokens} tokens"
+        return
+    if spec.parser is None:
+        node.parsed = node.text.strip()
+        return
+    match = re.search(spec.parser, node.text)
+    if match is None:
+        node.parse_error = f"output does not match parser {spec.parser!r}"
+    else:
+        node.parsed = match.group(1) if match.groups() else match.group(0)
