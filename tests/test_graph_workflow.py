@@ -278,7 +278,7 @@ def test_checker_cycles_and_ending():
     del tree["edges"][1]["when"]
     errors = errors_of(tree)
     assert list(errors) == ["workflow.graph.edges"]
-    assert "no node can end the episode" in errors["workflow.graph.edges"]
+    assert "no reachable node can end the episode" in errors["workflow.graph.edges"]
 
     tree = copy.deepcopy(LOOP)
     tree["edges"].append({"from": "check", "to": "check"})  # self-loop on a max_visits=1 node

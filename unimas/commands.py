@@ -40,7 +40,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def _torch_setup(threads: int, seed: int) -> None:
     import torch
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
 

@@ -146,9 +146,11 @@ def unimas_estimators() -> dict[str, Callable[..., Any]]:
 def unimas_backends() -> dict[str, Callable[..., Any]]:
     """Return model-group backends by name.
 
-    A backend is ``factory(group_config, roles, seed) -> ModelGroup`` (see
-    :class:`unimas.backends.base.ModelGroup`): it owns the weights of one
+    A backend is ``factory(name, group_config, adapters, seed) -> ModelGroup``
+    (see :class:`unimas.backends.base.ModelGroup`): it owns the weights of one
     model group, generates for every role mapped to it and updates them.
+    ``adapters`` lists the LoRA adapter names the roles on this group use;
+    ``seed`` is already specific to the group.
 
     Example::
 

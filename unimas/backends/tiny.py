@@ -12,8 +12,14 @@ log-probs equal sampling-time ones.
 from __future__ import annotations
 
 import torch
-from transformers import GPT2Config, LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config
-from transformers import AutoModelForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+)
 
 from unimas.config import TinyModelConfig
 

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MODEL_DIR, ADAPTER_DIR, REFERENCE_DIR = "model", "adapters", "reference"
 OPTIMIZER_FILE, RNG_FILE = "optimizer.pt", "rng.pt"
+UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "tokens", "update_time_s")
 
 
 @dataclass
@@ -174,6 +175,8 @@ class TorchModelGroup(ModelGroup):
         group = cls(name, model, tokenizer, config, adapters, seed, device)
         if source:
             group._load_adapters(source[0], missing_ok=True)
+            if not group.adapters and (source[0] / ADAPTER_DIR).exists():
+                log.warning("model group '%s': ignoring the LoRA adapters in %s (no 'lora' section)", name, source[0])
         return group
 
     # ----------------------------------------------------------------- setup
@@ -285,7 +288,9 @@ class TorchModelGroup(ModelGroup):
             return ids
         limit = self.max_positions - reserve
         if limit < 1:
-            raise ValueError(f"{reserve} new tokens do not fit model group '{self.name}' ({self.max_positions} positions)")
+            raise ValueError(
+                f"{reserve} new tokens do not fit model group '{self.name}' ({self.max_positions} positions)"
+            )
         if len(ids) > limit:
             self.truncated_prompts += 1
             log.warning("model group '%s': prompt of %d tokens cut to its last %d", self.name, len(ids), limit)
@@ -389,7 +394,8 @@ class TorchModelGroup(ModelGroup):
         parts_lp, parts_ent, parts_mask, order = [], [], [], []
         for adapter, rows in by_adapter.items():
             sub = [turns[i] for i in rows]
-            batch = _layout([t.prompt_ids for t in sub], [t.response_ids for t in sub], self.tokenizer.pad_token_id, self.device)
+            prompts, responses = [t.prompt_ids for t in sub], [t.response_ids for t in sub]
+            batch = _layout(prompts, responses, self.tokenizer.pad_token_id, self.device)
             temps = torch.tensor([t.temperature or 1.0 for t in sub], device=self.device)
             size = batch.response.shape[1]
             with self._route(model, adapter):
@@ -423,6 +429,8 @@ class TorchModelGroup(ModelGroup):
         """PPO epochs over shuffled mini-batches; metrics are means over optimiser steps."""
         with self._lock:
             optimizer = self._optimizer_for_update()
+            if not turns:
+                return dict.fromkeys(UPDATE_METRICS, 0.0)
             for t in turns:
                 if not t.response_ids or len(t.old_logprobs) != len(t.response_ids):
                     raise ValueError("every turn needs a non-empty response and one old log-prob per response token")
@@ -485,6 +493,8 @@ class TorchModelGroup(ModelGroup):
 
     def train_supervised(self, examples: list[SupervisedExample]) -> float:
         """One AdamW step on the token-mean cross-entropy of responses (+EOS) given prompts."""
+        if not examples:
+            raise ValueError("train_supervised needs at least one example")
         with self._lock:
             optimizer = self._optimizer_for_update()
             turns = []
@@ -529,7 +539,8 @@ class TorchModelGroup(ModelGroup):
                     target = directory / ADAPTER_DIR / adapter
                     target.mkdir(parents=True, exist_ok=True)
                     weights = get_peft_model_state_dict(self.model, adapter_name=adapter)
-                    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, target / "adapter_model.safetensors")
+                    weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+                    save_file(weights, target / "adapter_model.safetensors")
                     self.model.peft_config[adapter].save_pretrained(str(target))
             if self._reference is not None and not self._is_peft:
                 self._reference.save_pretrained(directory / REFERENCE_DIR)
@@ -579,9 +590,10 @@ class TorchModelGroup(ModelGroup):
                 if missing_ok:
                     continue
                 raise FileNotFoundError(f"checkpoint {directory} has no adapter '{adapter}'")
-            result = set_peft_model_state_dict(self.model, load_file(path, device=str(self.device)), adapter_name=adapter)
+            weights = load_file(path, device=str(self.device))
+            result = set_peft_model_state_dict(self.model, weights, adapter_name=adapter)
             if result.unexpected_keys:
-                raise KeyError(f"adapter '{adapter}' in {directory} has unexpected weights: {result.unexpected_keys[:3]}")
+                raise KeyError(f"adapter '{adapter}' in {directory} has unknown weights: {result.unexpected_keys[:3]}")
 
     def num_parameters(self) -> dict[str, int]:
         return {

@@ -164,9 +164,9 @@ def _check_shape(graph: GraphConfig, errors: list) -> None:
             errors.append((f"{PREFIX}.nodes.{name}", f"node '{name}' cannot be reached from start "
                                                      f"'{graph.start}'; add an edge to it or remove it"))
     unconditional = {e.source for e in edges if e.when is None}
-    if all(name in unconditional for name in graph.nodes):
-        errors.append((f"{PREFIX}.edges", "no node can end the episode: every node has an unconditional outgoing "
-                                          "edge; add 'when:' to an edge or a node with no outgoing edges"))
+    if all(name in unconditional for name in reachable):
+        errors.append((f"{PREFIX}.edges", "no reachable node can end the episode: each has an unconditional "
+                                          "outgoing edge; add 'when:' to an edge or a node with no outgoing edges"))
     order = list(graph.nodes)
     for component in nx.strongly_connected_components(digraph):
         members = sorted(component, key=order.index)

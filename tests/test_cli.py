@@ -1,0 +1,83 @@
+"""CLI contract: exit codes, messages that name the field, no tracebacks for user errors."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import EXAMPLES
+from unimas.cli import main
+
+
+@pytest.mark.parametrize("config", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_validates(config, capsys):
+    assert main(["validate", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "roles -> model groups" in out
+
+
+def test_validate_summary_names_the_sharing_scheme(capsys):
+    main(["validate", str(EXAMPLES / "quickstart_lora.yaml")])
+    assert "LoRA adapter per role on one base (listener, speaker)" in capsys.readouterr().out
+    main(["validate", str(EXAMPLES / "quickstart.yaml")])
+    assert "shared by 2 roles" in capsys.readouterr().out
+
+
+def broken(tmp_path, mutate):
+    tree = yaml.safe_load((EXAMPLES / "quickstart.yaml").read_text())
+    mutate(tree)
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda t: t["roles"]["listener"].update(model="nowhere"), "roles.listener.model"),
+        (lambda t: t["roles"]["listener"].update(adapter="x"), "roles.listener.adapter"),
+        (lambda t: t["roles"]["speaker"].update(template="S:{target.__class__}"), "roles.speaker.template"),
+        (lambda t: t.update(workflow={"name": "nope"}), "workflow.name"),
+        (lambda t: t["rewards"][0].update(name="nope"), "rewards[0].name"),
+        (lambda t: t["algorithm"].update(estimator="nope"), "algorithm.estimator"),
+        (lambda t: t["algorithm"].update(group_size=1), "algorithm.group_size"),
+        (lambda t: t["algorithm"].update(loss="nope"), "algorithm.loss"),
+        (lambda t: t["trainer"].update(stepz=1), "trainer.stepz"),
+    ],
+)
+def test_user_errors_exit_2_naming_the_field(tmp_path, capsys, mutate, expected):
+    assert main(["validate", str(broken(tmp_path, mutate))]) == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "Traceback" not in err
+
+
+def test_graph_errors_name_the_node(tmp_path, capsys):
+    def graph(tree):
+        tree["workflow"] = {"graph": {
+            "start": "speak",
+            "nodes": {"speak": {"kind": "llm", "role": "speaker"},
+                      "listen": {"kind": "llm", "role": "listener", "inputs": {"message": "speak"}},
+                      "orphan": {"kind": "llm", "role": "listener", "inputs": {"message": "speak"}}},
+            "edges": [{"from": "speak", "to": "listen"}, {"from": "listen", "to": "ghost"}],
+            "outcome": {"answer": "listen"},
+        }}
+    assert main(["validate", str(broken(tmp_path, graph))]) == 2
+    err = capsys.readouterr().err
+    assert "workflow.graph.edges[1].to" in err and "ghost" in err
+    assert "orphan" in err
+
+
+def test_cli_process_exit_code_and_debug_traceback(tmp_path):
+    path = broken(tmp_path, lambda t: t["roles"]["listener"].update(model="nowhere"))
+    quiet = subprocess.run([sys.executable, "-m", "unimas.cli", "validate", str(path)], capture_output=True, text=True)
+    assert quiet.returncode == 2 and "Traceback" not in quiet.stderr
+    loud = subprocess.run([sys.executable, "-m", "unimas.cli", "--debug", "validate", str(path)],
+                          capture_output=True, text=True)
+    assert "Traceback" in loud.stderr
+
+
+def test_override_reaches_the_config(tmp_path, capsys):
+    assert main(["validate", str(EXAMPLES / "quickstart.yaml"), "--set", "algorithm.group_size=1"]) == 2
+    assert "algorithm.group_size" in capsys.readouterr().err

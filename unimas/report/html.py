@@ -1,0 +1,108 @@
+"""Assemble report.html: one file that opens anywhere, offline.
+
+CSS, JavaScript, plot images (base64) and the episode data (JSON) are all
+inlined into ``viewer.html``, so the report can be mailed, archived or opened
+from a CI artifact without a server or network access.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from unimas.report.data import RunData
+from unimas.report.plots import PLOTS
+
+
+def _asset(name: str) -> str:
+    return resources.files("unimas.report").joinpath(name).read_text(encoding="utf-8")
+
+
+def _number(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def header(run: RunData) -> str:
+    planned = run.planned_steps
+    done = max((int(r.get("step", 0)) for r in run.train_records), default=0)
+    facts = [("run", str(run.root)), ("steps", f"{done}/{planned}" if planned is not None else str(done)),
+             ("roles", ", ".join(run.roles) or "–"), ("model groups", ", ".join(run.groups) or "–")]
+    last = run.train_records[-1] if run.train_records else {}
+    evals = [r for r in run.records if "eval/accuracy" in r]
+    if "reward/mean" in last:
+        facts.append(("last reward/mean", _number(last["reward/mean"])))
+    if evals:
+        facts.append((f"eval/accuracy @ step {evals[-1]['step']}", _number(evals[-1]["eval/accuracy"])))
+    items = "".join(f"<span>{html.escape(k)}: <b>{html.escape(v)}</b></span>" for k, v in facts)
+    warning = ""
+    if not run.train_records:
+        warning = ('<div class="warn">no training steps recorded: an `unimas eval` run, '
+                   "or training stopped before its first step</div>")
+    elif planned is not None and done < planned:
+        warning = (f'<div class="warn">incomplete: metrics stop at step {done} of {planned} '
+                   "(still running, stopped early or killed)</div>")
+    return f'<h1>unimas report — {html.escape(run.name)}</h1><div class="facts">{items}</div>{warning}'
+
+
+OVERVIEW = ("rewards", "reward_distribution")
+"""Plots shown above the trajectory viewer; the others go below it."""
+
+
+def figures(images: dict[str, Path], stems: list[str]) -> str:
+    """``<figure>`` elements with the PNGs inlined as base64 data URLs."""
+    out = []
+    for stem in stems:
+        path = images[stem]
+        encoded = base64.b64encode(path.read_bytes()).decode("ascii")
+        caption = html.escape(PLOTS[stem][0])
+        out.append(f'<figure><img id="plot-{stem}" alt="{caption}" src="data:image/png;base64,{encoded}">'
+                       f"<figcaption>{caption} (plots/{stem}.png)</figcaption></figure>")
+    return "\n".join(out)
+
+
+def metrics_table(run: RunData) -> str:
+    """Latest value of every metric, so nothing logged is hidden behind a plot that does not exist."""
+    latest: dict[str, tuple[int, Any]] = {}
+    for record in run.records:
+        for key, value in record.items():
+            if key != "step":
+                latest[key] = (int(record.get("step", 0)), value)
+    if not latest:
+        return '<div class="empty">no metrics recorded yet</div>'
+    rows = "".join(f"<tr><td>{html.escape(k)}</td><td class=num>{html.escape(_number(v))}</td>"
+                   f"<td class=num>{s}</td></tr>" for k, (s, v) in sorted(latest.items()))
+    return (f"<details><summary>{len(latest)} metrics (see docs/metrics.md)</summary><table class=metrics>"
+            f"<tr><th>name</th><th>value</th><th>step</th></tr>{rows}</table></details>")
+
+
+def _finite(value: Any) -> Any:
+    """NaN/inf become null: JSON.parse rejects them, and one bad reward must not blank the viewer."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def render(run: RunData, images: dict[str, Path]) -> str:
+    data = _finite({"roles": run.roles, "episodes": run.episodes})
+    parts = {
+        "title": html.escape(f"unimas report — {run.name}"),
+        "style": _asset("viewer.css"),
+        "script": _asset("viewer.js"),
+        "header": header(run),
+        "overview": figures(images, [s for s in images if s in OVERVIEW]),
+        "health": figures(images, [s for s in images if s not in OVERVIEW]),
+        "metrics": metrics_table(run),
+        # "</" would end the <script> element early; "<\/" is the same string to JSON.
+        "data": json.dumps(data, default=str).replace("</", "<\\/"),
+    }
+    return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _asset("viewer.html"))
