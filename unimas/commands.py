@@ -7,8 +7,8 @@ import asyncio
 from collections import defaultdict
 
 from unimas.config import dump_config, load_config
-from unimas.console import ConsoleLogger
 from unimas.errors import UserError
+from unimas.loggers import build_loggers
 from unimas.registry import KINDS, build_registry
 from unimas.rundir import RunDir
 from unimas.validate import summary, validate
@@ -62,13 +62,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError("--resume needs --run-dir pointing at the run to continue", where="--resume")
     run_dir = (RunDir(args.run_dir) if args.run_dir else RunDir.new(config.name)).create()
     _torch_setup(config.trainer.torch_threads, config.trainer.seed)
-    logger = ConsoleLogger(config, run_dir)
-    transport = start_transport(config, experiment)
+    logger = build_loggers(config, run_dir)
     try:
-        trainer = Trainer(experiment, run_dir, transport, log=logger.log)
-        asyncio.run(trainer.run(resume=args.resume))
+        transport = start_transport(config, experiment)
+        try:
+            trainer = Trainer(experiment, run_dir, transport, log=logger.log)
+            asyncio.run(trainer.run(resume=args.resume))
+        finally:
+            transport.shutdown()
     finally:
-        transport.shutdown()
         logger.close()
     if config.logging.report:
         from unimas.report import write_report
@@ -85,12 +87,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     config = experiment.config
     run_dir = (RunDir(args.run_dir) if args.run_dir else RunDir.new(f"{config.name}-eval")).create()
     _torch_setup(config.trainer.torch_threads, config.trainer.seed)
-    transport = start_transport(config, experiment)
+    logger = build_loggers(config, run_dir, mode="eval")
     try:
-        trainer = Trainer(experiment, run_dir, transport)
-        metrics = asyncio.run(_evaluate(trainer, args.checkpoint))
+        transport = start_transport(config, experiment)
+        try:
+            trainer = Trainer(experiment, run_dir, transport)
+            metrics = asyncio.run(_evaluate(trainer, args.checkpoint))
+        finally:
+            transport.shutdown()
+        logger.log(metrics)
     finally:
-        transport.shutdown()
+        logger.close()
     from unimas.metrics import MetricsWriter
 
     writer = MetricsWriter(run_dir.metrics)

@@ -60,6 +60,33 @@ def rollout_metrics(
     return metrics
 
 
+def throughput_metrics(trajectories: list[GraphTrajectory], group_metrics: dict[str, float]) -> dict[str, float]:
+    """Generation and training throughput per model group.
+
+    ``gen_time_s`` is the wall time during which at least one of the group's
+    requests was queued or generating (union of the turns' intervals).
+    """
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    tokens: dict[str, int] = defaultdict(int)
+    for traj in trajectories:
+        for turn in traj.turns():
+            spans[turn.model_group].append((turn.started, turn.ended))
+            tokens[turn.model_group] += len(turn.response_ids)
+    metrics: dict[str, float] = {}
+    for group, intervals in spans.items():
+        busy, covered = 0.0, float("-inf")
+        for start, end in sorted(intervals):
+            busy += max(0.0, end - max(start, covered))
+            covered = max(covered, end)
+        metrics[f"group/{group}/gen_time_s"] = busy
+        metrics[f"group/{group}/gen_tokens_per_s"] = tokens[group] / busy if busy > 0 else 0.0
+    for key, seconds in group_metrics.items():
+        if key.endswith("/update_time_s"):
+            prefix = key[: -len("update_time_s")]
+            metrics[prefix + "train_tokens_per_s"] = group_metrics[prefix + "tokens"] / seconds if seconds > 0 else 0.0
+    return metrics
+
+
 class MetricsWriter:
     """Appends one JSON object per line, flushed per line, so a killed run stays readable."""
 

@@ -24,7 +24,7 @@ from unimas.config import ExperimentConfig, dump_config
 from unimas.credit import CreditedTurn, estimate_advantages, group_key, score_episode, turn_credit
 from unimas.errors import UserError
 from unimas.experiment import Experiment
-from unimas.metrics import MetricsWriter, rollout_metrics
+from unimas.metrics import MetricsWriter, rollout_metrics, throughput_metrics
 from unimas.runtime.controller import EpisodeSpec, run_episodes
 from unimas.runtime.router import Router
 from unimas.rundir import RunDir, read_trainer_state, write_trainer_state
@@ -110,6 +110,7 @@ class Trainer:
         metrics.update(rollout_metrics(trajectories, credited, self.config.roles, self.experiment.primary_reward))
         metrics.update({f"credit/{k}": v for k, v in grouping.items()})
         metrics.update(group_metrics)
+        metrics.update(throughput_metrics(trajectories, group_metrics))
         metrics.update({"time/rollout_s": rollout_s, "time/update_s": update_s,
                         "time/step_s": time.perf_counter() - started})
         self._sample_trajectories(trajectories, step + 1)
