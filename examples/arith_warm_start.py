@@ -76,6 +76,8 @@ def main() -> None:
             if accuracy >= args.target:
                 break
     group.save(args.out)
+    for resume_only in ("optimizer.pt", "rng.pt"):  # init_from reads weights only; keep the committed copy small
+        (args.out / resume_only).unlink(missing_ok=True)
     print(f"wrote {args.out}")
 
 
