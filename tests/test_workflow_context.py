@@ -22,7 +22,7 @@ def add(x, y):
 
 async def debate(ctx, task):
     pro, con = await asyncio.gather(ctx.act("pro"), ctx.act("con"))
-    total = await ctx.tool("add", x=len(pro.text), y=len(con.text))
+    total = await ctx.tool("add", after=[pro, con], x=len(pro.text), y=len(con.text))
     verdict = await ctx.act("judge", pro=pro, con=con, total=total)
     if task.get("explode"):
         raise RuntimeError("workflow bug")
