@@ -38,7 +38,7 @@ class FakeRouter:
     def __init__(self):
         self.prompts = []
 
-    async def submit(self, group, request):
+    async def submit(self, group, request, episode=""):
         self.prompts.append(request.prompt)
         text = script(request.prompt)
         return GenResult(text=text, prompt_ids=[1, 2], response_ids=[3, 4], logprobs=[-0.5, -0.5], finished=True)

@@ -32,7 +32,8 @@ async def _episode(router, group, turns, prompt):
     try:
         out = []
         for i in range(turns):
-            result = await router.submit(group, GenRequest(prompt=f"{prompt}{i}", generation=GenerationConfig()))
+            request = GenRequest(prompt=f"{prompt}{i}", generation=GenerationConfig())
+            result = await router.submit(group, request, episode=prompt)
             out.append(result.text)
         return out
     finally:

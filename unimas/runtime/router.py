@@ -8,6 +8,11 @@ otherwise (e.g. some episodes are in a slow tool call). The second rule makes
 batch composition — and so sampling — deterministic whenever no real-time
 waits are involved, which is why local and Ray runs match.
 
+"Waiting" is counted per episode, not per request, and the check runs one
+event-loop turn after the request that triggered it: an episode that fans
+out with ``asyncio.gather`` has its other branches already queued to run by
+then, so they join the same batch.
+
 The router does not know how a batch reaches a model: a :class:`Transport`
 does that (in-process call, or a Ray actor call). One routing code path,
 several transports.
@@ -16,7 +21,7 @@ several transports.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Protocol
 
 from unimas.backends.base import GenRequest, GenResult
@@ -40,9 +45,11 @@ class Router:
         self.transport = transport
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
-        self._queues: dict[str, list[tuple[GenRequest, asyncio.Future]]] = defaultdict(list)
+        self._queues: dict[str, list[tuple[GenRequest, asyncio.Future, str]]] = defaultdict(list)
         self._live_episodes = 0
-        self._waiting = 0
+        self._pending: Counter[str] = Counter()
+        """Outstanding requests per episode; an episode with any is blocked on a model."""
+        self._check_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         self._inflight: set[asyncio.Task] = set()
         self.batches: list[tuple[str, int]] = []
@@ -55,10 +62,10 @@ class Router:
         self._live_episodes -= 1
         self._maybe_flush()
 
-    async def submit(self, group: str, request: GenRequest) -> GenResult:
+    async def submit(self, group: str, request: GenRequest, episode: str = "") -> GenResult:
         future = asyncio.get_running_loop().create_future()
-        self._queues[group].append((request, future))
-        self._waiting += 1
+        self._queues[group].append((request, future, episode))
+        self._pending[episode] += 1
         if len(self._queues[group]) >= self.max_batch_size:
             self._flush(group)
         else:
@@ -66,9 +73,15 @@ class Router:
         return await future
 
     def _maybe_flush(self) -> None:
+        if not self._check_scheduled and any(self._queues.values()):
+            self._check_scheduled = True
+            asyncio.get_running_loop().call_soon(self._check)
+
+    def _check(self) -> None:
+        self._check_scheduled = False
         if not any(self._queues.values()):
             return
-        if self._waiting >= self._live_episodes:
+        if len(self._pending) >= self._live_episodes:
             self._flush_all()
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(self.max_wait_s, self._flush_all)
@@ -89,14 +102,17 @@ class Router:
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
 
-    async def _serve(self, group: str, batch: list[tuple[GenRequest, asyncio.Future]]) -> None:
+    async def _serve(self, group: str, batch: list[tuple[GenRequest, asyncio.Future, str]]) -> None:
         try:
-            results = await self.transport.generate(group, [request for request, _ in batch])
+            results = await self.transport.generate(group, [request for request, _, _ in batch])
             error = None
         except Exception as exc:  # noqa: BLE001 - surfaced to every waiting episode
             results, error = None, GroupFailure(group, exc)
-        self._waiting -= len(batch)
-        for index, (_, future) in enumerate(batch):
+        for _, _, episode in batch:
+            self._pending[episode] -= 1
+            if not self._pending[episode]:
+                del self._pending[episode]
+        for index, (_, future, _) in enumerate(batch):
             if future.done():
                 continue
             if error is not None:

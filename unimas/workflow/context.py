@@ -71,7 +71,9 @@ class EpisodeContext:
         generation = spec.eval_generation if (self._greedy and spec.eval_generation) else spec.generation
         started = time.perf_counter()
         result = await self._router.submit(
-            spec.model, GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy)
+            spec.model,
+            GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy),
+            episode=self.trajectory.episode_id,
         )
         node = TurnNode(
             id=f"{role}#{index}", role=role, model_group=spec.model, prompt=prompt, text=result.text,

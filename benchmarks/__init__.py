@@ -1,0 +1,1 @@
+"""Benchmarks: one script per question, each prints a markdown table (see docs/performance.md)."""
