@@ -56,7 +56,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         from unimas.placement import placement_plan
 
         print(summary(experiment))
-        print(placement_plan(config))
+        if config.runtime.kind != "ray":
+            print(placement_plan(config))
+            return 0
+        import ray
+
+        from unimas.placement import ray_available
+
+        totals, nodes, started = ray_available(config)
+        try:
+            print(placement_plan(config, totals, nodes))
+        finally:
+            if started:
+                ray.shutdown()  # stops a local instance we started; only disconnects from a cluster
         return 0
     if args.resume and args.run_dir is None:
         raise UserError("--resume needs --run-dir pointing at the run to continue", where="--resume")

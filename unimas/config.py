@@ -66,7 +66,9 @@ class ModelGroupConfig(Strict):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     lora: Optional[LoraConfig] = Field(None, description="set to allow LoRA adapters per role on this group")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
-    endpoint: Optional[str] = Field(None, description="OpenAI-compatible URL for frozen API roles")
+    endpoint: Optional[str] = Field(None, description="OpenAI-compatible base URL for frozen API roles (backend: openai)")
+    api_model: Optional[str] = Field(None, description="model name sent to the endpoint")
+    api_key_env: Optional[str] = Field(None, description="environment variable that holds the endpoint's API key")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
     @model_validator(mode="after")

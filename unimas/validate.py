@@ -30,6 +30,10 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
         if not registry.has("backends", group.backend):
             add(f"models.{name}.backend", f"unknown backend '{group.backend}'; registered: "
                 f"{', '.join(registry.names('backends'))}")
+        if (group.backend == "openai") != (group.endpoint is not None):
+            add(f"models.{name}.endpoint", "an 'endpoint' goes with backend: openai, and backend: openai needs one")
+        if group.endpoint is not None and group.trainable:
+            add(f"models.{name}.trainable", "a group served by an API endpoint cannot train; set trainable: false")
         for attr in ("path", "init_from"):
             value = getattr(group, attr)
             if value and not Path(value).is_dir():

@@ -1,0 +1,324 @@
+"""The Ray transport: every model group is a Ray actor; the controller keeps thin records.
+
+``RayTransport`` has exactly the async method set of
+:class:`~unimas.runtime.local.LocalTransport`, so the trainer, the router and
+the controller do not know which one they drive. Routing and micro-batching
+stay in the controller's :class:`~unimas.runtime.router.Router`; this module
+only moves a batch to the group's actor and the answer back.
+
+What crosses the star (both directions, pickled by Ray):
+
+* to a group: ``GenRequest`` (prompt text, the role's generation settings,
+  adapter name), ``TrainTurn`` (token ids, rollout log-probs, one scalar
+  advantage), checkpoint paths;
+* from a group: ``GenResult`` (text, token ids, per-token log-probs), update
+  metrics (a flat ``{name: float}``).
+
+Logits, activations, weights and optimiser state never leave the actor.
+
+Each actor runs one method at a time (``max_concurrency=1``), and Ray runs
+calls from one caller in submission order, so a group sees its batches in
+exactly the order the router flushed them — the same order as in-process —
+which keeps sampling deterministic. Different groups are different processes
+and run in parallel: ``await ref`` never blocks the event loop, so the
+trainer's concurrent ``update`` calls really overlap.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from unimas.backends.base import GenRequest, GenResult, SupervisedExample, TrainTurn
+from unimas.config import AlgorithmConfig, ExperimentConfig, RuntimeConfig, config_from_dict
+from unimas.errors import UserError
+from unimas.registry import Registry
+from unimas.runtime.router import GroupFailure
+
+log = logging.getLogger(__name__)
+
+RAY_LOGGING_LEVEL = logging.ERROR
+"""Ray's own logger level in the driver: keep the console for training progress."""
+
+
+class GroupActorDied(RuntimeError):
+    """The Ray actor of a model group is gone (killed, crashed, out of memory, node lost)."""
+
+    def __init__(self, group: str, error: RayActorError):
+        self.group = group
+        detail = _one_line(str(error))
+        super().__init__(f"the Ray actor of model group '{group}' died: {detail}")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """Ray's death messages span many lines; keep the informative ones, on one line."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    keep = [line for line in lines if line.startswith(("pid:", "ip:"))]
+    keep += [line for line in lines[1:] if not line.startswith(("class_name:", "actor_id:", "pid:", "ip:",
+                                                                  "name:", "namespace:"))]
+    text = "; ".join(keep) if keep else (lines[0] if lines else "no details")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------- Ray
+
+
+def connect(runtime: RuntimeConfig, cpus_needed: float = 0.0) -> bool:
+    """Connect this process to Ray; True when this call connected it (and so must disconnect it).
+
+    No ``runtime.address``: start a private local instance with
+    ``max(cpu count, CPUs the groups ask for)`` CPUs, so a 2-core machine
+    can place two groups asking for one CPU each (on top of the driver). An
+    address (``auto``, ``host:port``, ``ray://...``): join that cluster;
+    leaving it later only disconnects, the cluster keeps running. No
+    dashboard, no runtime_env (workers import unimas from their own
+    environment), Ray's own logging at ERROR.
+    """
+    if ray.is_initialized():
+        return False
+    quiet = {"logging_level": RAY_LOGGING_LEVEL, "log_to_driver": True}
+    if runtime.address is None:
+        cpus = max(os.cpu_count() or 1, math.ceil(cpus_needed))
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
+        return True
+    try:
+        ray.init(address=runtime.address, **quiet)
+    except Exception as exc:  # noqa: BLE001 - any failure to join the cluster is reported the same way
+        raise UserError(f"cannot connect to the Ray cluster at '{runtime.address}': {type(exc).__name__}: "
+                        f"{_one_line(str(exc))}", where="runtime.address") from None
+    return True
+
+
+def cluster_resources() -> tuple[dict[str, float], list[tuple[str, dict[str, float]]]]:
+    """(cluster totals, [(node address, node resources)] of live nodes) as Ray reports them."""
+    nodes = [(node.get("NodeManagerAddress", "?"), dict(node.get("Resources", {})))
+             for node in ray.nodes() if node.get("Alive")]
+    return dict(ray.cluster_resources()), nodes
+
+
+# ------------------------------------------------------------- the actor
+
+
+class ModelGroupActor:
+    """One model group in its own process: weights, optimiser, sampler state and every big tensor.
+
+    Built from the JSON-safe config dump, with the plugin registry rebuilt in
+    this process, so nothing but plain data crosses to create it.
+    """
+
+    def __init__(self, config_tree: dict, name: str, driver_sys_path: list[str]):
+        # Plugin modules the driver imports from its own paths (e.g. `plugins:` next to a
+        # config) resolve here too; appended, so they never shadow this environment.
+        for entry in driver_sys_path:
+            if entry and entry not in sys.path and os.path.isdir(entry):
+                sys.path.append(entry)
+        self._config_tree = config_tree
+        self.name = name
+        self.group = None
+        self._spans: deque[tuple[str, float, float]] = deque(maxlen=256)
+
+    def setup(self) -> dict[str, Any]:
+        """Build the group (errors come back as the original exception) and say where it runs."""
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        from unimas.registry import build_registry
+        from unimas.runtime.groups import build_group
+
+        config = config_from_dict(self._config_tree, "<config sent to the model-group actor>")
+        hf_logging.disable_progress_bar()
+        torch.set_num_threads(config.trainer.torch_threads)
+        torch.manual_seed(config.trainer.seed)  # as the driver does in local mode (only LoRA dropout draws from it)
+        self.group = build_group(config, build_registry(config.plugins), self.name)
+        return self.info()
+
+    def info(self) -> dict[str, Any]:
+        import torch
+
+        context = ray.get_runtime_context()
+        return {
+            "group": self.name,
+            "pid": os.getpid(),
+            "node_id": context.get_node_id(),
+            "resources": dict(context.get_assigned_resources()),
+            "torch_threads": torch.get_num_threads(),
+        }
+
+    def _timed(self, method: str, fn: Callable[[], Any]) -> Any:
+        started = time.time()
+        try:
+            return fn()
+        finally:
+            self._spans.append((method, started, time.time()))
+
+    def spans(self) -> list[tuple[str, float, float]]:
+        """(method, wall start, wall end) of recent calls: shows that groups work in parallel."""
+        return list(self._spans)
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        return self._timed("generate", lambda: self.group.generate(requests))
+
+    def update(self, turns: list[TrainTurn], algorithm: AlgorithmConfig) -> dict[str, float]:
+        return self._timed("update", lambda: self.group.update(turns, algorithm))
+
+    def train_supervised(self, examples: list[SupervisedExample]) -> float:
+        return self._timed("train_supervised", lambda: self.group.train_supervised(examples))
+
+    def save(self, directory: str) -> None:
+        self._timed("save", lambda: self.group.save(Path(directory)))
+
+    def load(self, directory: str) -> None:
+        self._timed("load", lambda: self.group.load(Path(directory)))
+
+    def num_parameters(self) -> dict[str, int]:
+        return self.group.num_parameters()
+
+
+RemoteModelGroup = ray.remote(ModelGroupActor)
+
+
+# ------------------------------------------------------------- transport
+
+
+class RayTransport:
+    """Model groups as Ray actors; the twin of ``LocalTransport``.
+
+    ``actors`` maps group name to an actor handle with the methods of
+    :class:`ModelGroupActor` (the controller benchmark passes stand-in
+    actors). ``spawn(name)`` creates a fresh actor for ``restart``.
+    """
+
+    def __init__(self, actors: dict[str, Any], *, spawn: Callable[[str], Any] | None = None,
+                 owns_ray: bool = False):
+        self.actors = dict(actors)
+        self.info: dict[str, dict[str, Any]] = {}
+        """Per group: pid, node id and the resources Ray assigned to its actor."""
+        self.restarts: list[tuple[str, str | None]] = []
+        """(group, checkpoint it was restarted from or None for initial weights), in order."""
+        self._spawn = spawn
+        self._owns_ray = owns_ray
+
+    @classmethod
+    def start(cls, config: ExperimentConfig, registry: Registry | None = None) -> "RayTransport":
+        """Connect to (or start) Ray, check placement, start one actor per group, wait until built.
+
+        ``registry`` is accepted for parity with ``LocalTransport.start``: each
+        actor rebuilds its own from ``config.plugins``.
+        """
+        from unimas.placement import placement_plan
+
+        cpus = sum(group.resources.cpus for group in config.models.values())
+        owns_ray = connect(config.runtime, cpus)
+        tree = config.model_dump(mode="json", by_alias=True)
+        driver_path = [p for p in sys.path if p]
+
+        def spawn(name: str):
+            res = config.models[name].resources
+            options: dict[str, Any] = {"num_cpus": res.cpus, "num_gpus": res.gpus, "max_restarts": 0,
+                                       "max_concurrency": 1}
+            if res.memory_gb:
+                options["memory"] = int(res.memory_gb * 2**30)
+            return RemoteModelGroup.options(**options).remote(tree, name, driver_path)
+
+        transport = cls({}, spawn=spawn, owns_ray=owns_ray)
+        try:
+            totals, nodes = cluster_resources()
+            placement_plan(config, totals, nodes)  # raises UserError before anything waits forever
+            names = sorted(config.models)
+            for name in names:
+                transport.actors[name] = spawn(name)
+            infos = ray.get([transport.actors[name].setup.remote() for name in names])
+            transport.info = dict(zip(names, infos))
+        except RayTaskError as exc:
+            transport.shutdown()
+            if isinstance(exc.cause, UserError):
+                raise exc.cause from None
+            raise
+        except BaseException:  # Ctrl-C while actors load included: leave nothing running
+            transport.shutdown()
+            raise
+        return transport
+
+    # -- calls ------------------------------------------------------------
+    async def _remote(self, group: str, method: str, *args: Any) -> Any:
+        """Call an actor method without blocking the event loop; Ray errors become plain ones.
+
+        A dead actor raises :class:`GroupActorDied`; an exception inside the
+        method is re-raised as itself, as in-process.
+        """
+        try:
+            return await getattr(self.actors[group], method).remote(*args)
+        except RayActorError as exc:
+            raise GroupActorDied(group, exc) from None
+        except RayTaskError as exc:
+            raise exc.cause from None
+
+    async def _call(self, group: str, method: str, *args: Any) -> Any:
+        """Like ``_remote`` for the calls the router does not wrap: failures name the group."""
+        try:
+            return await self._remote(group, method, *args)
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any actor-side failure is the group's failure
+            raise GroupFailure(group, exc) from exc
+
+    async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
+        return await self._remote(group, "generate", requests)  # the router turns errors into GroupFailure
+
+    async def update(self, group: str, turns: list[TrainTurn], algorithm: AlgorithmConfig) -> dict[str, float]:
+        return await self._call(group, "update", turns, algorithm)
+
+    async def train_supervised(self, group: str, examples: list[SupervisedExample]) -> float:
+        return await self._call(group, "train_supervised", examples)
+
+    async def save(self, group: str, directory: Path) -> None:
+        await self._call(group, "save", str(directory))
+
+    async def load(self, group: str, directory: Path) -> None:
+        await self._call(group, "load", str(directory))
+
+    async def num_parameters(self, group: str) -> dict[str, int]:
+        return await self._call(group, "num_parameters")
+
+    async def spans(self, group: str) -> list[tuple[str, float, float]]:
+        return await self._call(group, "spans")
+
+    # -- lifecycle --------------------------------------------------------
+    async def restart(self, group: str, checkpoint: Path | None) -> None:
+        """Replace the group's actor with a fresh one: from ``checkpoint`` (a group dir), else initial weights."""
+        if self._spawn is None:
+            raise RuntimeError(f"model group '{group}': this transport cannot start new actors")
+        old = self.actors.get(group)
+        if old is not None:
+            _kill(old)
+        log.warning("restarting model group '%s' from %s", group, checkpoint or "its initial weights")
+        self.actors[group] = self._spawn(group)
+        self.info[group] = await self._call(group, "setup")
+        if checkpoint is not None:
+            await self.load(group, checkpoint)
+        self.restarts.append((group, None if checkpoint is None else str(checkpoint)))
+
+    def shutdown(self) -> None:
+        """Kill every group actor; stop the local Ray instance only if we started it. Idempotent."""
+        for actor in self.actors.values():
+            _kill(actor)
+        self.actors.clear()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()  # a joined cluster is only disconnected from, never stopped
+        self._owns_ray = False
+
+
+def _kill(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already dead or Ray already down: nothing left to stop
+        pass
