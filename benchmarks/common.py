@@ -286,11 +286,16 @@ def machine_line(threads: int) -> str:
 # ------------------------------------------------------------------ profiling
 
 
-def profile_top_frames(fn: Callable[[], Any], top: int = 15, interval: float = 0.0005) -> tuple[list[dict], str]:
-    """Run ``fn`` under pyinstrument; return the top frames by self time and the text tree.
+def profile_top_frames(fn: Callable[[], Any], top: int = 15, interval: float = 0.0005,
+                       owned: Callable[[str], bool] | None = None) -> tuple[list[dict], str]:
+    """Run ``fn`` under pyinstrument; return the top frames and pyinstrument's text tree.
 
-    Frames are aggregated by (function, file:line) over the whole call tree,
-    so a hot function called from many places shows up once with its total.
+    Without ``owned``, frames are ranked by self time, aggregated by
+    (function, file:line) over the whole call tree. With ``owned(path)``,
+    every sample's time is attributed to the innermost frame whose file is
+    owned (e.g. unimas's own code), so library time (torch, networkx, ...)
+    lands on the project function that called it: "which of our functions
+    costs what, including what it calls outside the project".
     """
     from pyinstrument import Profiler
 
@@ -300,26 +305,36 @@ def profile_top_frames(fn: Callable[[], Any], top: int = 15, interval: float = 0
         fn()
     finally:
         profiler.stop()
-    session = profiler.last_session
-    root = session.root_frame()
+    root = profiler.last_session.root_frame()
     total = root.time if root is not None else 0.0
-    self_time: dict[tuple[str, str], float] = defaultdict(float)
+    spent: dict[tuple[str, str], float] = defaultdict(float)
 
-    def walk(frame) -> None:
+    def walk(frame, owner) -> None:
         key = (frame.function or "?", f"{frame.file_path_short or '?'}:{frame.line_no or 0}")
-        self_time[key] += frame.total_self_time
+        if owned is not None:
+            if frame.file_path and owned(frame.file_path):
+                owner = key
+            if owner is not None:
+                spent[owner] += frame.total_self_time
+        else:
+            spent[key] += frame.total_self_time
         for child in frame.children:
-            walk(child)
+            if not child.is_synthetic:
+                walk(child, owner)
 
     if root is not None:
-        walk(root)
-    ranked = sorted(self_time.items(), key=lambda item: -item[1])[:top]
-    frames = [{"function": f, "where": w, "self_s": s, "self_frac": s / total if total else 0.0}
-              for (f, w), s in ranked]
+        walk(root, None)
+    ranked = sorted(spent.items(), key=lambda item: -item[1])[:top]
+    frames = [{"function": f, "where": w, "seconds": s, "frac": s / total if total else 0.0} for (f, w), s in ranked]
     text = profiler.output_text(unicode=False, color=False, show_all=False)
     return frames, text
 
 
-def frames_table(frames: list[dict]) -> str:
-    return markdown_table(["self %", "function", "where"],
-                          [[f"{100 * f['self_frac']:.1f}", f"`{f['function']}`", f"`{f['where']}`"] for f in frames])
+def unimas_owned(path: str) -> bool:
+    """Frames of unimas itself (the package, its built-in plugins and workflows)."""
+    return any(f"{REPO}/{part}/" in path for part in ("unimas", "plugins", "workflows"))
+
+
+def frames_table(frames: list[dict], label: str = "% of profiled time") -> str:
+    return markdown_table([label, "function", "where"],
+                          [[f"{100 * f['frac']:.1f}", f"`{f['function']}`", f"`{f['where']}`"] for f in frames])

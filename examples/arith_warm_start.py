@@ -2,8 +2,9 @@
 
 Trains one tiny model (h128, 3 layers, char tokenizer) on ``a+b=`` with two
 prompt formats: the solver's ``"12+34="`` -> answer, and the verifier's
-``"12+34=<proposal>>"`` -> the proposal copied (a pass-through checker, the
-usual starting point). It stops as soon as greedy solver accuracy on held-out
+``"12+34=<proposal>>"`` -> either the proposal copied (``--verifier copy``, a
+pass-through checker, the default) or the answer whatever the proposal
+(``--verifier solve``, a second weak solver that sees a hint). It stops as soon as greedy solver accuracy on held-out
 problems reaches ``--target`` (default 0.30), so RL starts from a weak but
 non-trivial model, and writes a unimas checkpoint usable as ``init_from``.
 
@@ -35,12 +36,13 @@ def noisy(answer: str, rng: random.Random) -> str:
     return str(abs(value))
 
 
-def batch(tasks: list[dict], size: int, rng: random.Random) -> list[SupervisedExample]:
+def batch(tasks: list[dict], size: int, rng: random.Random, verifier: str) -> list[SupervisedExample]:
     examples = []
     for task in rng.sample(tasks, size):
         examples.append(SupervisedExample(prompt=task["question"], response=task["answer"]))
         proposal = task["answer"] if rng.random() < 0.5 else noisy(task["answer"], rng)
-        examples.append(SupervisedExample(prompt=f"{task['question']}{proposal}>", response=proposal))
+        target = proposal if verifier == "copy" else task["answer"]
+        examples.append(SupervisedExample(prompt=f"{task['question']}{proposal}>", response=target))
     return examples
 
 
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.30)
     parser.add_argument("--max-steps", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verifier", choices=["copy", "solve"], default="copy")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
@@ -68,7 +71,7 @@ def main() -> None:
     held_out = arithmetic_tasks("eval", args.seed, size=200)
     started = time.perf_counter()
     for step in range(1, args.max_steps + 1):
-        loss = group.train_supervised(batch(train, 32, rng))
+        loss = group.train_supervised(batch(train, 32, rng, args.verifier))
         if step % 50 == 0:
             accuracy = solver_accuracy(group, held_out)
             print(f"step {step}: loss {loss:.3f} solver greedy accuracy {accuracy:.3f} "

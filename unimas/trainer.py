@@ -17,7 +17,7 @@ import random
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 from unimas.backends.base import TrainTurn
 from unimas.config import ExperimentConfig, dump_config
@@ -26,13 +26,26 @@ from unimas.errors import UserError
 from unimas.experiment import Experiment
 from unimas.metrics import MetricsWriter, rollout_metrics, throughput_metrics
 from unimas.runtime.controller import EpisodeSpec, run_episodes
-from unimas.runtime.router import Router
+from unimas.runtime.router import GroupFailure, Router
 from unimas.rundir import RunDir, read_trainer_state, write_trainer_state
 from unimas.trajectory import GraphTrajectory, write_jsonl
 
 
 class TrainingFailed(RuntimeError):
     """Too many episodes failed in one step (see ``trainer.failure_budget``)."""
+
+
+class GroupFailed(RuntimeError):
+    """A model group failed during a step and was not restarted, or failed again after its restart."""
+
+    def __init__(self, failure: GroupFailure, where: str, note: str):
+        self.group, self.where, self.cause = failure.group, where, failure.cause
+        detail = (str(failure.cause).strip().splitlines() or [""])[0]
+        super().__init__(f"model group '{failure.group}' failed during {where}: "
+                         f"{type(failure.cause).__name__}: {detail} ({note})")
+
+
+T = TypeVar("T")
 
 
 def start_transport(config: ExperimentConfig, experiment: Experiment):
@@ -179,24 +192,47 @@ class Trainer:
             if resume:
                 await self.resume()
             else:
-                record = {"step": 0, **(await self.evaluate(0))}
+                record = {"step": 0, **(await self._guarded("step 0 (evaluation)", lambda: self.evaluate(0)))}
                 writer.write(record); history.append(record); self.log(record)
             for step in range(self.start_step, trainer.steps):
-                record = await self.train_step(step)
+                record = await self._guarded(f"step {step + 1}", lambda: self.train_step(step))
                 done = step + 1
                 last = done == trainer.steps
                 if last or (trainer.eval_every and done % trainer.eval_every == 0):
-                    record.update(await self.evaluate(done))
+                    record.update(await self._guarded(f"step {done} (evaluation)", lambda: self.evaluate(done)))
                 writer.write(record); history.append(record); self.log(record)
                 reached = (trainer.stop_at_accuracy is not None
                            and record.get("eval/accuracy", -1.0) >= trainer.stop_at_accuracy)
                 if last or reached or (trainer.save_every and done % trainer.save_every == 0):
-                    await self.save(done)
+                    await self._guarded(f"step {done} (checkpoint)", lambda: self.save(done))
                 if reached:
                     break
         finally:
             writer.close()
         return history
+
+    async def _guarded(self, where: str, work: Callable[[], Awaitable[T]]) -> T:
+        """Run ``work``; a model group that fails in it stops the run with a :class:`GroupFailed`
+        naming group and step, or — with ``runtime.restart_failed_groups`` — is restarted from the
+        last complete checkpoint (initial weights if none) and ``work`` is retried once."""
+        try:
+            return await work()
+        except GroupFailure as failure:
+            if not self.config.runtime.restart_failed_groups:
+                raise GroupFailed(failure, where, "runtime.restart_failed_groups is off") from failure.cause
+            if not hasattr(self.transport, "restart"):
+                raise GroupFailed(failure, where, "this runtime cannot restart model groups") from failure.cause
+            group = failure.group
+        latest = self.run_dir.latest_checkpoint()
+        checkpoint = latest / group if latest is not None else None
+        try:
+            await self.transport.restart(group, checkpoint)
+            # a fresh router: requests stranded by the failed attempt must not join the retry's batches
+            self.router = Router(self.transport, self.router.max_batch_size, self.router.max_wait_s)
+            return await work()
+        except GroupFailure as again:
+            raise GroupFailed(again, where, f"after restarting '{group}' from "
+                              f"{checkpoint or 'its initial weights'} and retrying once") from again.cause
 
 
 def evaluation_metrics(trajectories: list[GraphTrajectory], experiment: Experiment, samples: int) -> dict[str, float]:
