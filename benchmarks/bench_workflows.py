@@ -9,6 +9,10 @@
   relay sees only the speaker's output, the listener sees only the relay's
   output and names the letter. A team reward; three model calls per
   episode, each depending on the previous one.
+* ``bench_chain`` — ONE role doing the relay's work: it acts three times
+  with exactly the relay's prompts (template ``{tag}:{message}``), so the
+  same turns and tokens go through one model as one role. The control for
+  "what does mapping three roles onto the model(s) cost".
 * ``bench_letters`` — one task per letter (``repeat`` times for train).
 """
 
@@ -33,6 +37,13 @@ async def bench_relay(ctx, task):
     return {"answer": first_char(guess.text), "message": spoken.text}
 
 
+async def bench_chain(ctx, task, role: str = "solo"):
+    spoken = await ctx.act(role, tag="S", message=task["target"])
+    relayed = await ctx.act(role, tag="R", message=spoken)
+    guess = await ctx.act(role, tag="L", message=relayed)
+    return {"answer": first_char(guess.text), "message": spoken.text}
+
+
 def bench_letters(split: str, seed: int, letters: str = "abcdefgh", repeat: int = 1) -> list[dict]:
     rounds = 1 if split == "eval" else repeat
     return [{"id": f"{split}-{r}-{c}", "target": c, "answer": c} for r in range(rounds) for c in letters]
@@ -40,7 +51,7 @@ def bench_letters(split: str, seed: int, letters: str = "abcdefgh", repeat: int 
 
 @unimas.hookimpl
 def unimas_workflows():
-    return {"bench_echo": bench_echo, "bench_relay": bench_relay}
+    return {"bench_echo": bench_echo, "bench_relay": bench_relay, "bench_chain": bench_chain}
 
 
 @unimas.hookimpl

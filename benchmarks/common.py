@@ -250,20 +250,23 @@ def mean(values: Iterable[float]) -> float:
     return float(statistics.fmean(values)) if values else float("nan")
 
 
-def fmt(value: Any, digits: int = 3) -> str:
+def fmt(value: Any) -> str:
+    """Compact numbers for tables: 1,234 / 123.4 / 12.3 / 1.23 / 0.123."""
     if isinstance(value, str):
         return value
     if value is None:
         return "–"
     if isinstance(value, int):
-        return str(value)
+        return f"{value:,}"
     if value != value:  # nan
         return "–"
     if abs(value) >= 1000:
         return f"{value:,.0f}"
-    if abs(value) >= 100:
+    if abs(value) >= 10:
         return f"{value:.1f}"
-    return f"{value:.{digits}g}" if abs(value) < 1 else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -286,25 +289,27 @@ def machine_line(threads: int) -> str:
 # ------------------------------------------------------------------ profiling
 
 
-def profile_top_frames(fn: Callable[[], Any], top: int = 15, interval: float = 0.0005,
-                       owned: Callable[[str], bool] | None = None) -> tuple[list[dict], str]:
-    """Run ``fn`` under pyinstrument; return the top frames and pyinstrument's text tree.
+def start_profiler(interval: float = 0.0005):
+    """A started pyinstrument profiler (wall clock; stop it, then :func:`summarise_profile`)."""
+    from pyinstrument import Profiler
+
+    profiler = Profiler(interval=interval)
+    profiler.start()
+    return profiler
+
+
+def summarise_profile(profiler, top: int = 15, owned: Callable[[str], bool] | None = None) -> tuple[list[dict], str]:
+    """The top frames of a stopped profiler, and pyinstrument's text tree.
 
     Without ``owned``, frames are ranked by self time, aggregated by
     (function, file:line) over the whole call tree. With ``owned(path)``,
     every sample's time is attributed to the innermost frame whose file is
     owned (e.g. unimas's own code), so library time (torch, networkx, ...)
     lands on the project function that called it: "which of our functions
-    costs what, including what it calls outside the project".
+    costs what, including what it calls outside the project". pyinstrument
+    samples wall-clock time, so on a loaded machine a descheduled moment is
+    charged to whatever frame was running: profile several steps.
     """
-    from pyinstrument import Profiler
-
-    profiler = Profiler(interval=interval)
-    profiler.start()
-    try:
-        fn()
-    finally:
-        profiler.stop()
     root = profiler.last_session.root_frame()
     total = root.time if root is not None else 0.0
     spent: dict[tuple[str, str], float] = defaultdict(float)
@@ -326,13 +331,28 @@ def profile_top_frames(fn: Callable[[], Any], top: int = 15, interval: float = 0
         walk(root, None)
     ranked = sorted(spent.items(), key=lambda item: -item[1])[:top]
     frames = [{"function": f, "where": w, "seconds": s, "frac": s / total if total else 0.0} for (f, w), s in ranked]
-    text = profiler.output_text(unicode=False, color=False, show_all=False)
-    return frames, text
+    return frames, profiler.output_text(unicode=False, color=False, show_all=False)
+
+
+def profile_top_frames(fn: Callable[[], Any], top: int = 15, interval: float = 0.0005,
+                       owned: Callable[[str], bool] | None = None) -> tuple[list[dict], str]:
+    """Run ``fn`` under pyinstrument; see :func:`summarise_profile`."""
+    profiler = start_profiler(interval)
+    try:
+        fn()
+    finally:
+        profiler.stop()
+    return summarise_profile(profiler, top, owned)
 
 
 def unimas_owned(path: str) -> bool:
     """Frames of unimas itself (the package, its built-in plugins and workflows)."""
     return any(f"{REPO}/{part}/" in path for part in ("unimas", "plugins", "workflows"))
+
+
+def trl_owned(path: str) -> bool:
+    """TRL's frames plus the transformers Trainer loop it runs in (``transformers/trainer*.py``)."""
+    return f"{os.sep}trl{os.sep}" in path or f"{os.sep}transformers{os.sep}trainer" in path
 
 
 def frames_table(frames: list[dict], label: str = "% of profiled time") -> str:

@@ -7,8 +7,14 @@ episodes per step, ≤4 tokens per turn, KL to a reference on) under
 * ``separate`` — one model group per role (full separation);
 * ``lora``     — one frozen base, one LoRA adapter per role (r 8 on q/k/v/o);
 
-against ``one_role`` — the first role alone (``bench_echo`` with the same
-prompt, one model, the same 64 episodes), the "memory of one role alone".
+against two single-role controls on one model:
+
+* ``one_role`` — ONE role doing the same work (``bench_chain``: the role
+  acts three times per episode with exactly the relay's prompts, so turns,
+  tokens and batch shapes are the same). This is "one role alone" for the
+  ratios and targets: the difference to it is what the mapping costs.
+* ``first_role`` — the speaker alone (``bench_echo``, one turn per episode,
+  a third of the work): shown for scale, not used in ratios.
 
 Each (scheme, model size, repetition) runs in a fresh subprocess, so peak
 RSS is that configuration's alone. Every worker imports the same modules
@@ -47,7 +53,7 @@ from benchmarks.common import (  # noqa: E402
 SCRIPT = Path(__file__).resolve()
 LETTERS = "abcdefgh"
 ALPHABET = "SRL:" + LETTERS
-SCHEMES = ("one_role", "shared", "separate", "lora")
+SCHEMES = ("one_role", "first_role", "shared", "separate", "lora")
 SIZES = {"tiny": (64, 2), "small": (256, 4)}
 TARGETS = {"shared": 1.1, "lora": 1.2}
 
@@ -57,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: for the test suite")
     p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=sorted(SIZES))
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--steps", type=int, default=6, help="measured steps per worker (after 2 warm-up)")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per worker (after 2 warm-up)")
     p.add_argument("--tasks", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=4)
@@ -65,7 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path)
     # worker-only
-    p.add_argument("--worker", choices=SCHEMES, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=SCHEMES + ("all",), help=argparse.SUPPRESS)
     p.add_argument("--size", choices=sorted(SIZES), default="tiny", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
@@ -82,6 +88,10 @@ def scheme_config(scheme: str, size: str, args: argparse.Namespace) -> dict:
     roles = {r: {"template": t, "generation": gen} for r, t in templates.items()}
     workflow = {"name": "bench_relay"}
     if scheme == "one_role":
+        models = {"solo_model": {"tiny": tiny}}
+        roles = {"solo": {"template": "{tag}:{message}", "generation": gen, "model": "solo_model"}}
+        workflow = {"name": "bench_chain", "params": {"role": "solo"}}
+    elif scheme == "first_role":
         models = {"speaker_model": {"tiny": tiny}}
         roles = {"speaker": dict(roles["speaker"], model="speaker_model")}
         workflow = {"name": "bench_echo", "params": {"role": "speaker"}}
@@ -111,7 +121,7 @@ def scheme_config(scheme: str, size: str, args: argparse.Namespace) -> dict:
     }
 
 
-def worker(args: argparse.Namespace) -> dict:
+def worker(args: argparse.Namespace, scheme: str) -> dict:
     quiet_environment(args.threads)
     import peft  # noqa: F401  (every scheme imports the same modules before the baseline)
     import torch  # noqa: F401
@@ -125,7 +135,7 @@ def worker(args: argparse.Namespace) -> dict:
     phases = Phases()
     step_s = []
     with tempfile.TemporaryDirectory() as tmp:
-        trainer, transport = build_unimas(scheme_config(args.worker, args.size, args), Path(tmp) / "run", phases)
+        trainer, transport = build_unimas(scheme_config(scheme, args.size, args), Path(tmp) / "run", phases)
         rss_built = rss_mb()
         params = {g: transport.groups[g].num_parameters() for g in sorted(transport.groups)}
 
@@ -137,12 +147,20 @@ def worker(args: argparse.Namespace) -> dict:
                     step_s.append(time.perf_counter() - started)
 
         asyncio.run(loop())
-    return {"scheme": args.worker, "size": args.size, "rss_imports_mb": rss_imports, "rss_built_mb": rss_built,
+    return {"scheme": scheme, "size": args.size, "rss_imports_mb": rss_imports, "rss_built_mb": rss_built,
             "peak_rss_mb": peak_rss_mb(), "median_step_s": median(step_s), "step_s": step_s, "params": params}
 
 
 def run_all(args: argparse.Namespace) -> list[dict]:
     results = []
+    if args.smoke:
+        # Seconds, not minutes: every scheme in ONE worker process (its memory numbers are then meaningless;
+        # the smoke run only proves that the script, the worker protocol and every scheme's config work).
+        payload = run_worker(SCRIPT, ["--worker", "all", "--size", "tiny", "--steps", str(args.steps),
+                                      "--tasks", str(args.tasks), "--group", str(args.group),
+                                      "--new-tokens", str(args.new_tokens), "--kl", str(args.kl),
+                                      "--threads", str(args.threads)])
+        return [dict(r, rep=0) for r in payload["results"]]
     for rep in range(args.reps):
         for size in args.sizes:
             order = SCHEMES[rep % len(SCHEMES):] + SCHEMES[:rep % len(SCHEMES)]
@@ -169,7 +187,9 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
              f"{machine_line(args.threads)}.",
              "",
              "net = peak RSS − RSS after imports (same imports in every worker); ratio = net / net of one_role "
-             "of the same size (median over repetitions). Step time: median step, ratio to one_role.",
+             "(one role doing the same turns with the same prompts on one model) of the same size, median over "
+             "repetitions of per-repetition ratios. Step time: median step, same ratio. first_role = the speaker "
+             "alone (a third of the work), for scale.",
              ""]
     headers = ["size", "scheme", "params (total / trainable)", "peak RSS MB (raw)", "net MB", "net ratio vs one role",
                "target", "met", "step ms", "step ratio vs one role"]
@@ -198,8 +218,11 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.worker == "all":
+        emit_result({"results": [worker(args, scheme) for scheme in SCHEMES]})
+        return 0
     if args.worker:
-        emit_result(worker(args))
+        emit_result(worker(args, args.worker))
         return 0
     quiet_environment(args.threads)
     setup_torch(args.threads)

@@ -36,8 +36,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    Phases, build_unimas, emit_result, ensure_importable, instrument_group, machine_line, markdown_table, mean,
-    median, peak_rss_mb, quiet_environment, rss_mb, run_worker, save_tiny_model, setup_torch, warm_verl,
+    Phases, build_unimas, emit_result, ensure_importable, frames_table, instrument_group, machine_line,
+    markdown_table, mean, median, peak_rss_mb, quiet_environment, rss_mb, run_worker, save_tiny_model, setup_torch,
+    start_profiler, summarise_profile, trl_owned, unimas_owned, warm_verl,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -49,7 +50,7 @@ FRAMEWORKS = ("unimas", "trl")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: for the test suite")
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--prompts", type=int, default=16, help="distinct prompts per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
@@ -60,15 +61,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--profile", action="store_true",
+                   help="also run one pyinstrument-profiled worker per framework (seed 0, last KL setting)")
     p.add_argument("--json", type=Path, help="also write all raw results here")
     # worker-only
     p.add_argument("--worker", choices=FRAMEWORKS, help=argparse.SUPPRESS)
     p.add_argument("--model-dir", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--beta", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--profile-run", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.smoke:
-        args.steps, args.seeds, args.prompts, args.group, args.new_tokens = 3, [0], 4, 4, 2
+        args.steps, args.seeds, args.prompts, args.group, args.new_tokens = 4, [0], 4, 4, 2
+        if args.kl_settings == "both":
+            args.kl_settings = "on"  # the reference-model path is the superset; keeps the smoke run to 2 workers
     return args
 
 
@@ -146,13 +152,15 @@ def worker_unimas(a: argparse.Namespace) -> dict:
         group = transport.groups["policy"]
         instrument_group(group, phases)
         before = policy_quality(group.model, group.tokenizer)
-        step_s, tokens, rewards, per_step = [], [], [], []
+        step_s, tokens, rewards, per_step, midway, profile = [], [], [], [], {}, {}
 
         async def loop() -> None:
             writer = MetricsWriter(trainer.run_dir.metrics)
             phases.reset()
             last = time.perf_counter()
             for step in range(a.steps):
+                if step == 1 and a.profile_run:  # after the warm-up step
+                    profile["profiler"] = start_profiler()
                 record = await trainer.train_step(step)
                 writer.write(record)
                 now = time.perf_counter()
@@ -161,11 +169,18 @@ def worker_unimas(a: argparse.Namespace) -> dict:
                 tokens.append(record["group/policy/tokens"])
                 rewards.append(record["reward/mean"])
                 per_step.append(phases.reset())
+                if step + 1 == a.steps // 2:  # outside the timed interval
+                    midway.update(policy_quality(group.model, group.tokenizer))
+                    last = time.perf_counter()
             writer.close()
 
         asyncio.run(loop())
+        if profile:
+            profile["profiler"].stop()
+            profile["frames"] = summarise_profile(profile.pop("profiler"), owned=unimas_owned)[0]
         after = policy_quality(group.model, group.tokenizer)
-    return {"framework": "unimas", "seed": a.seed, "beta": a.beta, "quality_before": before, "quality": after,
+    return {"framework": "unimas", "profile": profile.get("frames"), "seed": a.seed, "beta": a.beta, "quality_before": before,
+            "quality_midway": midway, "quality": after,
             "rss_common_mb": rss_common, "rss_imports_mb": rss_imports, "peak_rss_mb": peak_rss_mb(),
             **summarise_steps(step_s, tokens, rewards, per_step)}
 
@@ -187,7 +202,7 @@ def worker_trl(a: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(a.model_dir, local_files_only=True, padding_side="left")
     repeat = max(1, (a.steps * a.prompts) // len(LETTERS) + 1)
     dataset = Dataset.from_list([{"prompt": f"E:{c}", "target": c} for c in LETTERS] * repeat)
-    rewards, tokens, step_s, per_step = [], [], [], []
+    rewards, tokens, step_s, per_step, midway, profile = [], [], [], [], {}, {}
     phases = Phases()
 
     def first_letter(completions, target, completion_ids, **_):
@@ -201,11 +216,20 @@ def worker_trl(a: argparse.Namespace) -> dict:
             phases.reset()
             self.last = time.perf_counter()
 
-        def on_step_end(self, *args, **kwargs):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
             now = time.perf_counter()
             step_s.append(now - self.last)
             self.last = now
             per_step.append(phases.reset())
+            if state.global_step == a.steps // 2:  # outside the timed interval
+                midway.update(policy_quality(model, tokenizer))
+                self.last = time.perf_counter()
+            if state.global_step == 1 and a.profile_run:  # after the warm-up step
+                profile["profiler"] = start_profiler()
+
+        def on_train_end(self, *args, **kwargs):
+            if profile:
+                profile["profiler"].stop()
 
     banned = sorted({tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id}
                     - {None, tokenizer.eos_token_id})
@@ -226,11 +250,14 @@ def worker_trl(a: argparse.Namespace) -> dict:
         model = trainer.accelerator.unwrap_model(trainer.model)
         before = policy_quality(model, tokenizer)
         trainer.train()
+        if profile:
+            profile["frames"] = summarise_profile(profile.pop("profiler"), owned=trl_owned)[0]
         after = policy_quality(trainer.accelerator.unwrap_model(trainer.model), tokenizer)
     # TRL calls the reward function once per step (generation batch = training batch).
     assert len(rewards) == len(step_s) == a.steps, (len(rewards), len(step_s))
     del torch
-    return {"framework": "trl", "seed": a.seed, "beta": a.beta, "quality_before": before, "quality": after,
+    return {"framework": "trl", "profile": profile.get("frames"), "seed": a.seed, "beta": a.beta, "quality_before": before,
+            "quality_midway": midway, "quality": after,
             "rss_common_mb": rss_common, "rss_imports_mb": rss_imports, "peak_rss_mb": peak_rss_mb(),
             **summarise_steps(step_s, tokens, rewards, per_step)}
 
@@ -292,6 +319,16 @@ def run_all(args: argparse.Namespace) -> list[dict]:
                           f"expected reward {result['quality_before']['expected_reward']:.3f} -> "
                           f"{result['quality']['expected_reward']:.3f}", file=sys.stderr, flush=True)
                     results.append(result)
+        if args.profile:
+            for framework in FRAMEWORKS:
+                seed = args.seeds[0]
+                result = run_worker(SCRIPT, ["--worker", framework, "--model-dir", str(model_dirs[seed]),
+                                             "--seed", str(seed), "--beta", str(betas[-1]), "--profile-run",
+                                             "--steps", str(args.steps), "--prompts", str(args.prompts),
+                                             "--group", str(args.group), "--new-tokens", str(args.new_tokens),
+                                             "--lr", str(args.lr), "--threads", str(args.threads)])
+                result["profiled"] = True
+                results.append(result)
     return results
 
 
@@ -308,12 +345,14 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
              "over the 8 letters, and the logged training reward of the last 5 steps.",
              ""]
     headers = ["KL", "framework", "step ms (median)", "tokens/s", "gen ms", "ref fwd ms", "policy fwd ms",
-               "peak RSS MB (raw)", "peak RSS MB (net)", "expected reward @0", f"expected reward @{args.steps}",
+               "peak RSS MB (raw)", "peak RSS MB (net)", "expected reward @0",
+               f"expected reward @{args.steps // 2}", f"expected reward @{args.steps}",
                f"greedy acc @{args.steps}", "train reward (last 5)"]
     rows, ratio_rows = [], []
     for beta in sorted({r["beta"] for r in results}):
         label = "off (no ref)" if beta == 0 else f"{beta:g} (ref model)"
-        by_fw = {fw: [r for r in results if r["framework"] == fw and r["beta"] == beta] for fw in FRAMEWORKS}
+        by_fw = {fw: [r for r in results if r["framework"] == fw and r["beta"] == beta and not r.get("profiled")]
+                 for fw in FRAMEWORKS}
         for fw in FRAMEWORKS:
             runs = by_fw[fw]
             if not runs:
@@ -324,6 +363,7 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
                          median(r["peak_rss_mb"] for r in runs),
                          median(r["peak_rss_mb"] - r["rss_common_mb"] for r in runs),
                          mean(r["quality_before"]["expected_reward"] for r in runs),
+                         mean(r["quality_midway"].get("expected_reward", float("nan")) for r in runs),
                          mean(r["quality"]["expected_reward"] for r in runs),
                          mean(r["quality"]["greedy_accuracy"] for r in runs),
                          mean(r["train_reward_last5"] for r in runs)])
@@ -342,6 +382,12 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     lines += ["", "Ratios unimas / TRL (median over seeds of per-seed ratios):", ""]
     lines.append(markdown_table(["KL", "step time", "tokens/s", "peak RSS (net)", "expected reward (mean)",
                                  "time ≤ 0.8×", "reward ≥ TRL"], ratio_rows))
+    for r in results:
+        if r.get("profiled") and r.get("profile"):
+            owner = "unimas" if r["framework"] == "unimas" else "TRL"
+            lines += ["", f"pyinstrument, {r['framework']} (KL {r['beta']:g}, steps 2..{args.steps} of a separate "
+                          f"profiled run): time attributed to the innermost {owner} frame:", "",
+                      frames_table(r["profile"][:12])]
     mismatch = [r for r in results
                 if abs(r["quality_before"]["expected_reward"]
                        - next(x for x in results if x["seed"] == r["seed"])["quality_before"]["expected_reward"]) > 1e-4]

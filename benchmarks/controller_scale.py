@@ -1,0 +1,223 @@
+"""How much does the controller cost per turn, and how many turns/s can it route?
+
+The model is replaced by a zero-latency stand-in — a benchmark fixture, not a
+backend: a transport whose ``generate`` returns canned ``GenResult``s. Under
+``local`` it is called in-process; under ``ray`` it lives in two Ray actors
+(one per model group) behind the real ``RayTransport``, so serialisation and
+the actor round trip are real. Everything else is the production path:
+``run_episodes`` -> ``EpisodeContext.act`` -> ``Router`` (micro-batching)
+-> transport, with a two-role, two-group workflow (speaker -> group a,
+listener -> group b), i.e. the signalling game's shape.
+
+Columns: ``wall µs/turn`` is elapsed time per turn (for local, all of it is
+controller overhead; for ray it includes the actor round trips);
+``controller CPU µs/turn`` is the controller process's CPU time per turn
+(``time.process_time``: for ray it includes Ray's driver-side threads).
+``vs local`` divides ray turns/s by local turns/s at the same concurrency,
+measured in this same invocation.
+
+Memory per in-flight episode (local): ``tracemalloc`` bytes held once every
+episode is waiting on its first turn, over the number of episodes; and the
+RSS growth of the process over the same moment (no tracemalloc), per episode.
+
+    python benchmarks/controller_scale.py                 # the table in docs/runtime.md (~1-2 min on 2 cores)
+    python benchmarks/controller_scale.py --smoke         # seconds: same code, tiny sizes
+    python benchmarks/controller_scale.py --concurrency 1,64,1024 --local-extra 8192 --turns 20000 --runtimes local,ray
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import time
+import tracemalloc
+from dataclasses import dataclass
+
+from unimas.backends.base import GenRequest, GenResult
+from unimas.config import GenerationConfig, RoleConfig
+from unimas.runtime.controller import EpisodeSpec, run_episodes
+from unimas.runtime.router import Router
+
+GROUPS = ("a", "b")
+ROLES = {
+    "speaker": RoleConfig(model="a", template="S:{target}",
+                          generation=GenerationConfig(max_new_tokens=1, require_eos=False)),
+    "listener": RoleConfig(model="b", template="L:{message}",
+                           generation=GenerationConfig(max_new_tokens=1, require_eos=False)),
+}
+TURNS_PER_EPISODE = 2
+MAX_BATCH_SIZE, MAX_WAIT_S = 256, 0.005  # RuntimeConfig defaults
+
+
+def canned(requests: list[GenRequest]) -> list[GenResult]:
+    """What a one-token model would send back: distinct objects, realistic sizes."""
+    return [GenResult(text="b", prompt_ids=[3, 4, 5], response_ids=[7], logprobs=[-2.0794], finished=True)
+            for _ in requests]
+
+
+async def workflow(ctx, task):
+    message = await ctx.act("speaker")
+    guess = await ctx.act("listener", message=message)
+    return {"answer": guess.parsed}
+
+
+class CannedTransport:
+    """Zero-latency in-process stand-in for model groups (router benchmark fixture)."""
+
+    def __init__(self, probe=None):
+        self.probe = probe
+
+    async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
+        if self.probe is not None:
+            self.probe()
+        return canned(requests)
+
+
+class CannedGroup:
+    """The same stand-in as a Ray actor: ``RayTransport`` calls its ``generate``."""
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        return canned(requests)
+
+
+@dataclass
+class Row:
+    runtime: str
+    concurrency: int
+    turns: int
+    wall_s: float
+    cpu_s: float
+    batches: int
+
+    @property
+    def turns_per_s(self) -> float:
+        return self.turns / self.wall_s
+
+
+def specs(count: int) -> list[EpisodeSpec]:
+    targets = "abcdefgh"
+    return [EpisodeSpec(f"e{i}", f"t{i % 64}", {"target": targets[i % 8], "answer": targets[i % 8]})
+            for i in range(count)]
+
+
+async def _run(transport, episodes: int, concurrency: int) -> tuple[Router, list]:
+    router = Router(transport, MAX_BATCH_SIZE, MAX_WAIT_S)
+    trajectories = await run_episodes(specs(episodes), workflow, ROLES, router, tools={}, max_concurrent=concurrency)
+    return router, trajectories
+
+
+def measure(runtime: str, transport, concurrency: int, turns: int) -> Row:
+    episodes = max(concurrency, turns // TURNS_PER_EPISODE)
+    asyncio.run(_run(transport, min(episodes, 2 * concurrency), concurrency))  # warm-up
+    gc.collect()
+    wall, cpu = time.perf_counter(), time.process_time()
+    router, trajectories = asyncio.run(_run(transport, episodes, concurrency))
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    failed = [t.error for t in trajectories if t.failed]
+    if failed:
+        raise RuntimeError(f"{len(failed)} episodes failed, first: {failed[0]}")
+    done = sum(len(t.turns()) for t in trajectories)
+    return Row(runtime, concurrency, done, wall, cpu, len(router.batches))
+
+
+def memory_per_episode(episodes: int) -> tuple[float, float]:
+    """(tracemalloc bytes, RSS bytes) per in-flight episode, local runtime."""
+    import psutil
+
+    process = psutil.Process()
+
+    def peak_of(reading):
+        peak = [0]
+
+        def probe():
+            peak[0] = max(peak[0], reading())
+        return peak, probe
+
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    peak, probe = peak_of(lambda: tracemalloc.get_traced_memory()[0])
+    asyncio.run(_run(CannedTransport(probe), episodes, episodes))
+    tracemalloc.stop()
+    traced = (peak[0] - base) / episodes
+
+    gc.collect()
+    base = process.memory_info().rss
+    peak, probe = peak_of(lambda: process.memory_info().rss)
+    asyncio.run(_run(CannedTransport(probe), episodes, episodes))
+    rss = (peak[0] - base) / episodes
+    return traced, rss
+
+
+def ray_transport():
+    import ray
+
+    from unimas.config import RuntimeConfig
+    from unimas.runtime.ray_runtime import RayTransport, connect
+
+    started = connect(RuntimeConfig(kind="ray"), cpus_needed=len(GROUPS))
+    actor = ray.remote(num_cpus=1, max_concurrency=1)(CannedGroup)
+    transport = RayTransport({g: actor.remote() for g in GROUPS})
+    ray.get([transport.actors[g].generate.remote([]) for g in GROUPS])  # actors up before timing
+    return transport, started
+
+
+def table(rows: list[Row]) -> str:
+    local = {r.concurrency: r.turns_per_s for r in rows if r.runtime == "local"}
+    lines = ["| runtime | concurrent episodes | turns | wall s | turns/s | wall µs/turn | controller CPU µs/turn "
+             "| mean batch | vs local |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ratio = f"{r.turns_per_s / local[r.concurrency]:.2f}x" if r.concurrency in local else "—"
+        lines.append(f"| {r.runtime} | {r.concurrency} | {r.turns} | {r.wall_s:.2f} | {r.turns_per_s:,.0f} | "
+                     f"{1e6 * r.wall_s / r.turns:.1f} | {1e6 * r.cpu_s / r.turns:.1f} | "
+                     f"{r.turns / r.batches:.1f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", default="1,64,1024", help="concurrent episodes, comma separated")
+    parser.add_argument("--local-extra", default="8192", help="extra concurrency levels for local only")
+    parser.add_argument("--turns", type=int, default=20000, help="turns per measurement (2 per episode)")
+    parser.add_argument("--memory-episodes", type=int, default=8192, help="in-flight episodes for the memory probe")
+    parser.add_argument("--runtimes", default="local,ray")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, for the test suite")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.concurrency, args.local_extra, args.turns, args.memory_episodes = "1,8", "64", 200, 256
+    levels = [int(x) for x in args.concurrency.split(",") if x]
+    extra = [int(x) for x in args.local_extra.split(",") if x]
+    runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
+
+    print(f"# controller scale: python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+          f"max_batch_size {MAX_BATCH_SIZE}, {args.turns} turns per row\n", flush=True)
+    rows: list[Row] = []
+    if "local" in runtimes:
+        for level in levels + extra:
+            rows.append(measure("local", CannedTransport(), level, max(args.turns, TURNS_PER_EPISODE * level)))
+    if "ray" in runtimes:
+        transport, started = ray_transport()
+        try:
+            for level in levels:
+                rows.append(measure("ray", transport, level, max(args.turns, TURNS_PER_EPISODE * level)))
+        finally:
+            transport.shutdown()
+            if started:
+                import ray
+
+                ray.shutdown()
+    print(table(rows))
+    if "local" in runtimes and args.memory_episodes:
+        traced, rss = memory_per_episode(args.memory_episodes)
+        print(f"\n| runtime | in-flight episodes | tracemalloc bytes/episode | RSS growth bytes/episode |")
+        print("|---|---:|---:|---:|")
+        print(f"| local | {args.memory_episodes} | {traced:,.0f} | {rss:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

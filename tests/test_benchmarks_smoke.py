@@ -1,0 +1,82 @@
+"""Smoke runs of every benchmark script (``--smoke``: tiny sizes, seconds) so the scripts cannot rot.
+
+Each test runs the exact command a reader would (``python benchmarks/<name>.py``)
+in a subprocess, so the script's own path handling, its worker subprocesses
+and the plugin module ``benchmarks.bench_workflows`` are all exercised, and
+checks that the markdown table it prints is complete. The numbers themselves
+are not asserted (the machine is shared); docs/performance.md has real runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def run_benchmark(script: str, *args: str, timeout: float = 300) -> str:
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--smoke", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def table_rows(out: str, first_header: str) -> list[list[str]]:
+    """Body rows of the markdown table whose header starts with ``| first_header |``."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def number(cell: str) -> float:
+    return float(re.sub(r"[,%× ]", "", cell))
+
+
+def test_vs_trl_smoke():
+    pytest.importorskip("trl")
+    out = run_benchmark("vs_trl.py")
+    rows = table_rows(out, "KL")
+    assert {row[1] for row in rows} == {"unimas", "trl"}
+    for row in rows:
+        assert number(row[2]) > 0 and number(row[3]) > 0  # step ms, tokens/s
+        assert number(row[4]) > 0 and number(row[5]) > 0  # generation and reference passes were timed
+    before = {row[9] for row in rows}  # expected reward at step 0
+    assert len(before) == 1, "both frameworks must start from the same saved weights"
+    ratios = table_rows(out.split("Ratios unimas / TRL")[1], "KL")
+    assert ratios and number(ratios[0][1]) > 0
+    assert "WARNING" not in out
+
+
+def test_overhead_smoke():
+    extra = ["--profile", "1"] if importlib.util.find_spec("pyinstrument") else []
+    out = run_benchmark("overhead.py", *extra)
+    rows = table_rows(out, "mapping")
+    assert [row[0] for row in rows] == ["shared", "separate"]
+    for row in rows:
+        assert number(row[3]) > 0 and number(row[8]) > 0  # unimas step, floor
+        assert -100 < number(row[12]) < 100  # overhead %
+    if extra:
+        assert "_generate_batch" in out  # the profile attributes time to unimas functions
+
+
+def test_sharing_smoke():
+    out = run_benchmark("sharing.py")
+    rows = table_rows(out, "size")
+    assert [row[1] for row in rows] == ["one_role", "first_role", "shared", "separate", "lora"]
+    params = {row[1]: row[2] for row in rows}
+    assert params["shared"] == params["one_role"]  # same single model
+    total = lambda cell: int(cell.split("/")[0].replace(",", ""))  # noqa: E731
+    assert total(params["separate"]) == 3 * total(params["shared"])
+    assert number(params["lora"].split("/")[1]) < total(params["lora"])  # only adapters train
+    for row in rows:
+        assert number(row[3]) > number(row[4]) > 0  # raw peak > net peak > 0
