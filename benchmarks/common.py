@@ -82,11 +82,27 @@ def peak_rss_mb() -> float:
 
 
 class Phases:
-    """Named wall-clock accumulators, reset per step."""
+    """Named wall-clock accumulators, reset per step.
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    With ``track_gc`` the cyclic garbage collector's pauses are added up
+    under "gc" (they also count in whatever phase they interrupted): a
+    framework that allocates many objects per step pays for them here.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, track_gc: bool = False):
         self.clock = clock
         self.seconds: dict[str, float] = defaultdict(float)
+        self._gc_started = 0.0
+        if track_gc:
+            import gc
+
+            gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = self.clock()
+        else:
+            self.seconds["gc"] += self.clock() - self._gc_started
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -290,7 +306,7 @@ def machine_line(threads: int) -> str:
 
 
 def start_profiler(interval: float = 0.0005):
-    """A started pyinstrument profiler (wall clock; stop it, then :func:`summarise_profile`)."""
+    """A started pyinstrument profiler (wall clock)."""
     from pyinstrument import Profiler
 
     profiler = Profiler(interval=interval)
@@ -298,17 +314,15 @@ def start_profiler(interval: float = 0.0005):
     return profiler
 
 
-def summarise_profile(profiler, top: int = 15, owned: Callable[[str], bool] | None = None) -> tuple[list[dict], str]:
-    """The top frames of a stopped profiler, and pyinstrument's text tree.
+def _attributed(profiler, owned: Callable[[str], bool] | None) -> tuple[dict[tuple[str, str], float], float]:
+    """Seconds per frame of a stopped profiler, and the total.
 
-    Without ``owned``, frames are ranked by self time, aggregated by
-    (function, file:line) over the whole call tree. With ``owned(path)``,
-    every sample's time is attributed to the innermost frame whose file is
-    owned (e.g. unimas's own code), so library time (torch, networkx, ...)
-    lands on the project function that called it: "which of our functions
-    costs what, including what it calls outside the project". pyinstrument
-    samples wall-clock time, so on a loaded machine a descheduled moment is
-    charged to whatever frame was running: profile several steps.
+    Without ``owned``, frames are keyed by (function, file:line) and get
+    their self time, summed over the call tree. With ``owned(path)``, every
+    sample's time goes to the innermost frame whose file is owned (e.g.
+    unimas's own code), so library time (torch, networkx, ...) lands on the
+    project function that called it: "which of our functions costs what,
+    including what it calls outside the project".
     """
     root = profiler.last_session.root_frame()
     total = root.time if root is not None else 0.0
@@ -329,20 +343,55 @@ def summarise_profile(profiler, top: int = 15, owned: Callable[[str], bool] | No
 
     if root is not None:
         walk(root, None)
-    ranked = sorted(spent.items(), key=lambda item: -item[1])[:top]
-    frames = [{"function": f, "where": w, "seconds": s, "frac": s / total if total else 0.0} for (f, w), s in ranked]
-    return frames, profiler.output_text(unicode=False, color=False, show_all=False)
+    return spent, total
 
 
-def profile_top_frames(fn: Callable[[], Any], top: int = 15, interval: float = 0.0005,
-                       owned: Callable[[str], bool] | None = None) -> tuple[list[dict], str]:
-    """Run ``fn`` under pyinstrument; see :func:`summarise_profile`."""
-    profiler = start_profiler(interval)
-    try:
-        fn()
-    finally:
-        profiler.stop()
-    return summarise_profile(profiler, top, owned)
+class RoundProfiler:
+    """pyinstrument in rounds; frames ranked by their MEDIAN share of a round's time.
+
+    A moment when the OS deschedules this process (other jobs on a shared
+    machine) is charged to one random frame of one round; the median over
+    rounds drops it. Call :meth:`tick` at round boundaries (it starts the
+    first round), :meth:`finish` at the end.
+    """
+
+    def __init__(self, owned: Callable[[str], bool] | None = None, interval: float = 0.0005):
+        self.owned = owned
+        self.interval = interval
+        self.shares: list[dict[tuple[str, str], float]] = []
+        self.text = ""
+        self._profiler = None
+
+    def tick(self) -> None:
+        self.finish()
+        self._profiler = start_profiler(self.interval)
+
+    def finish(self) -> None:
+        if self._profiler is None:
+            return
+        self._profiler.stop()
+        spent, total = _attributed(self._profiler, self.owned)
+        if total:
+            self.shares.append({key: value / total for key, value in spent.items()})
+        self.text = self._profiler.output_text(unicode=False, color=False, show_all=False)
+        self._profiler = None
+
+    def frames(self, top: int = 15) -> list[dict]:
+        keys = {key for share in self.shares for key in share}
+        ranked = sorted(((key, median(share.get(key, 0.0) for share in self.shares)) for key in keys),
+                        key=lambda kv: -kv[1])
+        return [{"function": f, "where": w, "frac": frac} for (f, w), frac in ranked[:top]]
+
+
+def profile_rounds(run_round: Callable[[], Any], rounds: int = 5, top: int = 15,
+                   owned: Callable[[str], bool] | None = None) -> tuple[list[dict], str]:
+    """Profile ``rounds`` separate calls of ``run_round`` (see :class:`RoundProfiler`)."""
+    profiler = RoundProfiler(owned)
+    for _ in range(rounds):
+        profiler.tick()
+        run_round()
+    profiler.finish()
+    return profiler.frames(top), profiler.text
 
 
 def unimas_owned(path: str) -> bool:

@@ -109,18 +109,22 @@ async def _run(transport, episodes: int, concurrency: int) -> tuple[Router, list
     return router, trajectories
 
 
-def measure(runtime: str, transport, concurrency: int, turns: int) -> Row:
+def measure(runtime: str, transport, concurrency: int, turns: int, repeats: int) -> Row:
+    """Median (by wall time) of ``repeats`` runs after one warm-up."""
     episodes = max(concurrency, turns // TURNS_PER_EPISODE)
     asyncio.run(_run(transport, min(episodes, 2 * concurrency), concurrency))  # warm-up
-    gc.collect()
-    wall, cpu = time.perf_counter(), time.process_time()
-    router, trajectories = asyncio.run(_run(transport, episodes, concurrency))
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    failed = [t.error for t in trajectories if t.failed]
-    if failed:
-        raise RuntimeError(f"{len(failed)} episodes failed, first: {failed[0]}")
-    done = sum(len(t.turns()) for t in trajectories)
-    return Row(runtime, concurrency, done, wall, cpu, len(router.batches))
+    rows = []
+    for _ in range(repeats):
+        gc.collect()
+        wall, cpu = time.perf_counter(), time.process_time()
+        router, trajectories = asyncio.run(_run(transport, episodes, concurrency))
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        failed = [t.error for t in trajectories if t.failed]
+        if failed:
+            raise RuntimeError(f"{len(failed)} episodes failed, first: {failed[0]}")
+        done = sum(len(t.turns()) for t in trajectories)
+        rows.append(Row(runtime, concurrency, done, wall, cpu, len(router.batches)))
+    return sorted(rows, key=lambda r: r.wall_s)[len(rows) // 2]
 
 
 def memory_per_episode(episodes: int) -> tuple[float, float]:
@@ -136,6 +140,13 @@ def memory_per_episode(episodes: int) -> tuple[float, float]:
             peak[0] = max(peak[0], reading())
         return peak, probe
 
+    # RSS first, in a process that has not run episodes yet (freed memory is reused, not returned)
+    gc.collect()
+    base = process.memory_info().rss
+    peak, probe = peak_of(lambda: process.memory_info().rss)
+    asyncio.run(_run(CannedTransport(probe), episodes, episodes))
+    rss = (peak[0] - base) / episodes
+
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -143,12 +154,6 @@ def memory_per_episode(episodes: int) -> tuple[float, float]:
     asyncio.run(_run(CannedTransport(probe), episodes, episodes))
     tracemalloc.stop()
     traced = (peak[0] - base) / episodes
-
-    gc.collect()
-    base = process.memory_info().rss
-    peak, probe = peak_of(lambda: process.memory_info().rss)
-    asyncio.run(_run(CannedTransport(probe), episodes, episodes))
-    rss = (peak[0] - base) / episodes
     return traced, rss
 
 
@@ -171,7 +176,8 @@ def table(rows: list[Row]) -> str:
              "| mean batch | vs local |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        ratio = f"{r.turns_per_s / local[r.concurrency]:.2f}x" if r.concurrency in local else "—"
+        compare = r.runtime != "local" and r.concurrency in local
+        ratio = f"{r.turns_per_s / local[r.concurrency]:.2f}x" if compare else "—"
         lines.append(f"| {r.runtime} | {r.concurrency} | {r.turns} | {r.wall_s:.2f} | {r.turns_per_s:,.0f} | "
                      f"{1e6 * r.wall_s / r.turns:.1f} | {1e6 * r.cpu_s / r.turns:.1f} | "
                      f"{r.turns / r.batches:.1f} | {ratio} |")
@@ -185,25 +191,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=20000, help="turns per measurement (2 per episode)")
     parser.add_argument("--memory-episodes", type=int, default=8192, help="in-flight episodes for the memory probe")
     parser.add_argument("--runtimes", default="local,ray")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row; the median is reported")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, for the test suite")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.concurrency, args.local_extra, args.turns, args.memory_episodes = "1,8", "64", 200, 256
+        args.concurrency, args.local_extra, args.turns, args.memory_episodes, args.repeats = "1,8", "64", 200, 256, 1
     levels = [int(x) for x in args.concurrency.split(",") if x]
     extra = [int(x) for x in args.local_extra.split(",") if x]
     runtimes = [r.strip() for r in args.runtimes.split(",") if r.strip()]
 
     print(f"# controller scale: python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-          f"max_batch_size {MAX_BATCH_SIZE}, {args.turns} turns per row\n", flush=True)
+          f"max_batch_size {MAX_BATCH_SIZE}, {args.turns} turns per row, median of {args.repeats}\n", flush=True)
+    memory = None
+    if "local" in runtimes and args.memory_episodes:
+        memory = memory_per_episode(args.memory_episodes)  # first: before other runs warm the allocator
     rows: list[Row] = []
     if "local" in runtimes:
         for level in levels + extra:
-            rows.append(measure("local", CannedTransport(), level, max(args.turns, TURNS_PER_EPISODE * level)))
+            rows.append(measure("local", CannedTransport(), level, max(args.turns, TURNS_PER_EPISODE * level),
+                                args.repeats))
     if "ray" in runtimes:
         transport, started = ray_transport()
         try:
             for level in levels:
-                rows.append(measure("ray", transport, level, max(args.turns, TURNS_PER_EPISODE * level)))
+                rows.append(measure("ray", transport, level, max(args.turns, TURNS_PER_EPISODE * level),
+                                    args.repeats))
         finally:
             transport.shutdown()
             if started:
@@ -211,9 +223,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 ray.shutdown()
     print(table(rows))
-    if "local" in runtimes and args.memory_episodes:
-        traced, rss = memory_per_episode(args.memory_episodes)
-        print(f"\n| runtime | in-flight episodes | tracemalloc bytes/episode | RSS growth bytes/episode |")
+    if memory is not None:
+        traced, rss = memory
+        print("\n| runtime | in-flight episodes | tracemalloc bytes/episode | RSS growth bytes/episode |")
         print("|---|---:|---:|---:|")
         print(f"| local | {args.memory_episodes} | {traced:,.0f} | {rss:,.0f} |")
     return 0

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import importlib.util
 import json
 import sys
 import tempfile
@@ -43,8 +44,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    Phases, build_unimas, frames_table, instrument_group, machine_line, markdown_table, median,
-    profile_top_frames, quiet_environment, setup_torch, unimas_owned, warm_verl,
+    Phases, build_unimas, frames_table, instrument_group, machine_line, markdown_table, mean, median,
+    profile_rounds, quiet_environment, setup_torch, unimas_owned, warm_verl,
 )
 
 LETTERS = "abcdefgh"
@@ -64,13 +65,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--mappings", nargs="+", default=["shared", "separate"], choices=["shared", "separate"])
-    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                   help="also profile this many steps of the first mapping with pyinstrument")
+    p.add_argument("--profile", type=int, default=20, metavar="STEPS",
+                   help="then profile this many steps of the first mapping with pyinstrument (0: off)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.smoke:
         args.steps, args.warmup, args.tasks, args.group, args.new_tokens = 2, 1, 2, 2, 2
         args.profile = min(args.profile, 2)
+    if args.profile and importlib.util.find_spec("pyinstrument") is None:
+        print("pyinstrument is not installed (pip install -e '.[bench]'): no profile", file=sys.stderr)
+        args.profile = 0
     return args
 
 
@@ -204,7 +208,7 @@ class Floor:
 class Scheme:
     def __init__(self, mapping: str, args: argparse.Namespace, root: Path):
         self.mapping = mapping
-        self.phases = Phases()
+        self.phases = Phases(track_gc=True)
         self.trainer, self.transport = build_unimas(relay_config(mapping, args), root / mapping, self.phases,
                                                     record=True)
         for group in self.transport.groups.values():
@@ -239,6 +243,7 @@ class Scheme:
             "floor_generate_s": floor.get("floor_generate", 0.0),
             "floor_ref_s": floor.get("floor_ref", 0.0),
             "floor_update_s": floor.get("floor_update", 0.0),
+            "gc_s": unimas.get("gc", 0.0),
             "turns": sum(len(t) for _, t in self.transport.updates),
             "gen_batches": len(self.transport.gen_results),
             "tokens": sum(len(t.response_ids) for _, turns in self.transport.updates for t in turns),
@@ -270,14 +275,17 @@ def run(args: argparse.Namespace) -> dict:
         if args.profile:
             target = schemes[0]
 
+            rounds = min(5, args.profile)
+            per_round = max(1, args.profile // rounds)
+
             def profiled() -> None:
                 async def steps() -> None:
-                    for _ in range(args.profile):
+                    for _ in range(per_round):
                         await target.trainer.train_step(target.step_index)
                         target.step_index += 1
                 asyncio.run(steps())
 
-            frames, text = profile_top_frames(profiled, top=15, owned=unimas_owned)
+            frames, text = profile_rounds(profiled, rounds=rounds, top=15, owned=unimas_owned)
             results["profile"] = {"mapping": target.mapping, "steps": args.profile, "frames": frames, "text": text}
         for s in schemes:
             s.writer.close()
@@ -307,17 +315,22 @@ def report(args: argparse.Namespace, results: dict) -> str:
                      1000 * med("floor_generate_s"), 1000 * med("floor_ref_s"), 1000 * med("floor_update_s"),
                      f"{100 * overhead:.0f} %", "yes" if overhead <= 0.10 else "no"])
     lines.append(markdown_table(headers, rows))
-    lines += ["", "Where the overhead is, per phase (unimas − floor, ms, median of per-step differences):", ""]
+    lines += ["", "Where the overhead is, per phase (unimas − floor, ms, median of per-step differences); GC = "
+                  "pauses of Python's cyclic garbage collector during the unimas step (already inside the phases; "
+                  "mean, since they are rare and long):", ""]
     rows = []
     for mapping, samples in results["samples"].items():
         diff = lambda a, b: 1000 * median(s[a] - s[b] for s in samples)  # noqa: E731
         rows.append([mapping, diff("generate_s", "floor_generate_s"), diff("ref_s", "floor_ref_s"),
-                     diff("update_s", "floor_update_s"), 1000 * median(s["other_s"] for s in samples)])
-    lines.append(markdown_table(["mapping", "generation", "ref passes", "update", "everything else"], rows))
+                     diff("update_s", "floor_update_s"), 1000 * median(s["other_s"] for s in samples),
+                     1000 * mean(s["gc_s"] for s in samples), 1000 * mean(s["step_s"] for s in samples)])
+    lines.append(markdown_table(["mapping", "generation", "ref passes", "update", "everything else", "GC (mean)",
+                                 "unimas step (mean)"], rows))
     profile = results.get("profile")
     if profile:
-        lines += ["", f"pyinstrument, {profile['steps']} steps of the '{profile['mapping']}' mapping: time attributed "
-                      "to the innermost unimas frame (library time lands on the unimas function that called it):", "",
+        lines += ["", f"pyinstrument, {profile['steps']} steps of the '{profile['mapping']}' mapping in 5 rounds: time "
+                      "attributed to the innermost unimas frame (library time lands on the unimas function that "
+                      "called it), median share over rounds:", "",
                   frames_table(profile["frames"])]
     return "\n".join(lines)
 

@@ -54,16 +54,18 @@ SCRIPT = Path(__file__).resolve()
 LETTERS = "abcdefgh"
 ALPHABET = "SRL:" + LETTERS
 SCHEMES = ("one_role", "first_role", "shared", "separate", "lora")
-SIZES = {"tiny": (64, 2), "small": (256, 4)}
+# name -> (hidden, layers, tasks per step or None for --tasks). "wide" has 4x fewer episodes so that weights,
+# gradients, optimiser state and reference copies (not activations) dominate memory, as in real LLM training.
+SIZES = {"tiny": (64, 2, None), "small": (256, 4, None), "wide": (512, 4, 2)}
 TARGETS = {"shared": 1.1, "lora": 1.2}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: for the test suite")
-    p.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=sorted(SIZES))
+    p.add_argument("--sizes", nargs="+", default=["tiny", "small", "wide"], choices=sorted(SIZES))
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--steps", type=int, default=5, help="measured steps per worker (after 2 warm-up)")
+    p.add_argument("--steps", type=int, default=4, help="measured steps per worker (after 2 warm-up)")
     p.add_argument("--tasks", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=4)
@@ -80,7 +82,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def scheme_config(scheme: str, size: str, args: argparse.Namespace) -> dict:
-    hidden, layers = SIZES[size]
+    hidden, layers, tasks = SIZES[size]
     tiny = {"architecture": "qwen2", "alphabet": ALPHABET, "hidden_size": hidden, "num_layers": layers,
             "num_heads": 4, "init_std": 0.1, "tie_embeddings": False, "max_positions": 64}
     templates = {"speaker": "S:{target}", "relay": "R:{message}", "listener": "L:{message}"}
@@ -116,7 +118,7 @@ def scheme_config(scheme: str, size: str, args: argparse.Namespace) -> dict:
         "data": {"name": "bench_letters", "params": {"letters": LETTERS}},
         "rewards": [{"name": "exact_match", "level": "trajectory"}],
         "algorithm": {"group_size": args.group, "kl_coef": args.kl, "entropy_coef": 0.0},
-        "trainer": {"seed": 0, "tasks_per_step": args.tasks, "torch_threads": args.threads},
+        "trainer": {"seed": 0, "tasks_per_step": tasks or args.tasks, "torch_threads": args.threads},
         "logging": {"console": False, "report": False},
     }
 
@@ -181,9 +183,10 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     episodes = args.tasks * args.group
     lines = ["### Sharing schemes — 3-role relay vs one role alone",
              "",
-             f"{episodes} episodes per step, ≤{args.new_tokens} new tokens per turn, KL {args.kl:g} (reference "
-             f"on: a copy per full model group, the adapters-off base for LoRA), {args.reps} repetition(s) × "
-             f"{args.steps} measured steps per worker, each configuration in a fresh process. "
+             f"{episodes} episodes per step (unless the size says otherwise), ≤{args.new_tokens} new tokens per "
+             f"turn, KL {args.kl:g} (reference on: a copy per full model group, the adapters-off base for LoRA), "
+             f"{args.reps} repetition(s) × {args.steps} measured steps per worker, each configuration in a fresh "
+             "process. "
              f"{machine_line(args.threads)}.",
              "",
              "net = peak RSS − RSS after imports (same imports in every worker); ratio = net / net of one_role "
@@ -195,7 +198,7 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
                "target", "met", "step ms", "step ratio vs one role"]
     rows = []
     for size in args.sizes:
-        hidden, layers = SIZES[size]
+        hidden, layers, tasks = SIZES[size]
         base = {r["rep"]: r for r in results if r["size"] == size and r["scheme"] == "one_role"}
         for scheme in SCHEMES:
             runs = [r for r in results if r["size"] == size and r["scheme"] == scheme]
@@ -207,12 +210,15 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
             total = sum(p.get("total", 0) for p in runs[0]["params"].values())
             trainable = sum(p.get("trainable", 0) for p in runs[0]["params"].values())
             target = TARGETS.get(scheme)
-            rows.append([f"{size} (h{hidden} L{layers})", scheme, f"{total:,} / {trainable:,}",
+            label = f"{size} (h{hidden} L{layers}, {(tasks or args.tasks) * args.group} ep.)"
+            rows.append([label, scheme, f"{total:,} / {trainable:,}",
                          median(r["peak_rss_mb"] for r in runs), median(net(r) for r in runs), ratio,
                          f"≤ {target}×" if target else "–",
                          ("yes" if ratio <= target else "no") if target else "–",
                          1000 * median(r["median_step_s"] for r in runs), step_ratio])
     lines.append(markdown_table(headers, rows))
+    if args.smoke:
+        lines += ["", "(smoke run: all schemes shared one worker process, so its memory numbers mean nothing)"]
     return "\n".join(lines)
 
 

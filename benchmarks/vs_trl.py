@@ -38,7 +38,7 @@ if __package__ in (None, ""):
 from benchmarks.common import (  # noqa: E402
     Phases, build_unimas, emit_result, ensure_importable, frames_table, instrument_group, machine_line,
     markdown_table, mean, median, peak_rss_mb, quiet_environment, rss_mb, run_worker, save_tiny_model, setup_torch,
-    start_profiler, summarise_profile, trl_owned, unimas_owned, warm_verl,
+    RoundProfiler, trl_owned, unimas_owned, warm_verl,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: for the test suite")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--prompts", type=int, default=16, help="distinct prompts per step")
+    p.add_argument("--prompts", type=int, default=16, help="prompts (tasks) per step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--new-tokens", type=int, default=4)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -118,6 +118,11 @@ def summarise_steps(step_s: list[float], tokens: list[float], rewards: list[floa
 # ---------------------------------------------------------------- workers
 
 
+def profile_every(steps: int, rounds: int = 5) -> int:
+    """Steps per profiling round: steps 2..N split into ``rounds`` rounds."""
+    return max(1, (steps - 1) // rounds)
+
+
 def worker_unimas(a: argparse.Namespace) -> dict:
     quiet_environment(a.threads)
     import torch  # noqa: F401
@@ -152,15 +157,16 @@ def worker_unimas(a: argparse.Namespace) -> dict:
         group = transport.groups["policy"]
         instrument_group(group, phases)
         before = policy_quality(group.model, group.tokenizer)
-        step_s, tokens, rewards, per_step, midway, profile = [], [], [], [], {}, {}
+        step_s, tokens, rewards, per_step, midway = [], [], [], [], {}
+        profiler = RoundProfiler(unimas_owned)
 
         async def loop() -> None:
             writer = MetricsWriter(trainer.run_dir.metrics)
             phases.reset()
             last = time.perf_counter()
             for step in range(a.steps):
-                if step == 1 and a.profile_run:  # after the warm-up step
-                    profile["profiler"] = start_profiler()
+                if a.profile_run and step >= 1 and (step - 1) % profile_every(a.steps) == 0:
+                    profiler.tick()  # rounds start after the warm-up step
                 record = await trainer.train_step(step)
                 writer.write(record)
                 now = time.perf_counter()
@@ -175,19 +181,17 @@ def worker_unimas(a: argparse.Namespace) -> dict:
             writer.close()
 
         asyncio.run(loop())
-        if profile:
-            profile["profiler"].stop()
-            profile["frames"] = summarise_profile(profile.pop("profiler"), owned=unimas_owned)[0]
+        profiler.finish()
         after = policy_quality(group.model, group.tokenizer)
-    return {"framework": "unimas", "profile": profile.get("frames"), "seed": a.seed, "beta": a.beta, "quality_before": before,
-            "quality_midway": midway, "quality": after,
+    return {"framework": "unimas", "profile": profiler.frames() if a.profile_run else None, "seed": a.seed,
+            "beta": a.beta, "quality_before": before, "quality_midway": midway, "quality": after,
             "rss_common_mb": rss_common, "rss_imports_mb": rss_imports, "peak_rss_mb": peak_rss_mb(),
             **summarise_steps(step_s, tokens, rewards, per_step)}
 
 
 def worker_trl(a: argparse.Namespace) -> dict:
     quiet_environment(a.threads)
-    import torch
+    import torch  # noqa: F401
     import transformers  # noqa: F401
 
     setup_torch(a.threads, a.seed)
@@ -202,7 +206,8 @@ def worker_trl(a: argparse.Namespace) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(a.model_dir, local_files_only=True, padding_side="left")
     repeat = max(1, (a.steps * a.prompts) // len(LETTERS) + 1)
     dataset = Dataset.from_list([{"prompt": f"E:{c}", "target": c} for c in LETTERS] * repeat)
-    rewards, tokens, step_s, per_step, midway, profile = [], [], [], [], {}, {}
+    rewards, tokens, step_s, per_step, midway = [], [], [], [], {}
+    profiler = RoundProfiler(trl_owned)
     phases = Phases()
 
     def first_letter(completions, target, completion_ids, **_):
@@ -224,25 +229,26 @@ def worker_trl(a: argparse.Namespace) -> dict:
             if state.global_step == a.steps // 2:  # outside the timed interval
                 midway.update(policy_quality(model, tokenizer))
                 self.last = time.perf_counter()
-            if state.global_step == 1 and a.profile_run:  # after the warm-up step
-                profile["profiler"] = start_profiler()
+            if a.profile_run and state.global_step >= 1 and (state.global_step - 1) % profile_every(a.steps) == 0:
+                profiler.tick()  # rounds start after the warm-up step
 
         def on_train_end(self, *args, **kwargs):
-            if profile:
-                profile["profiler"].stop()
+            profiler.finish()
 
     banned = sorted({tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id}
                     - {None, tokenizer.eos_token_id})
+    # Older TRL has no entropy bonus at all, which is the same as entropy_coef=0 here.
+    optional = {"entropy_coef": 0.0} if "entropy_coef" in GRPOConfig.__dataclass_fields__ else {}
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
             output_dir=tmp, seed=a.seed, data_seed=a.seed, max_steps=a.steps,
             per_device_train_batch_size=a.prompts * a.group, gradient_accumulation_steps=1,
             num_generations=a.group, max_completion_length=a.new_tokens, temperature=1.0, top_p=1.0, top_k=0,
             learning_rate=a.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
-            beta=a.beta, num_iterations=1, epsilon=0.2, loss_type="dapo", scale_rewards="group", entropy_coef=0.0,
+            beta=a.beta, num_iterations=1, epsilon=0.2, loss_type="dapo", scale_rewards="group",
             use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, model_init_kwargs={"dtype": "float32"},
             generation_kwargs={"suppress_tokens": banned}, report_to="none", save_strategy="no", logging_steps=10,
-            disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
+            disable_tqdm=True, dataloader_num_workers=0, log_completions=False, **optional,
         )
         trainer = GRPOTrainer(model=str(a.model_dir), reward_funcs=first_letter, args=config,
                               train_dataset=dataset, processing_class=tokenizer, callbacks=[StepClock()])
@@ -250,14 +256,11 @@ def worker_trl(a: argparse.Namespace) -> dict:
         model = trainer.accelerator.unwrap_model(trainer.model)
         before = policy_quality(model, tokenizer)
         trainer.train()
-        if profile:
-            profile["frames"] = summarise_profile(profile.pop("profiler"), owned=trl_owned)[0]
         after = policy_quality(trainer.accelerator.unwrap_model(trainer.model), tokenizer)
     # TRL calls the reward function once per step (generation batch = training batch).
     assert len(rewards) == len(step_s) == a.steps, (len(rewards), len(step_s))
-    del torch
-    return {"framework": "trl", "profile": profile.get("frames"), "seed": a.seed, "beta": a.beta, "quality_before": before,
-            "quality_midway": midway, "quality": after,
+    return {"framework": "trl", "profile": profiler.frames() if a.profile_run else None, "seed": a.seed,
+            "beta": a.beta, "quality_before": before, "quality_midway": midway, "quality": after,
             "rss_common_mb": rss_common, "rss_imports_mb": rss_imports, "peak_rss_mb": peak_rss_mb(),
             **summarise_steps(step_s, tokens, rewards, per_step)}
 
@@ -302,38 +305,32 @@ def run_all(args: argparse.Namespace) -> list[dict]:
         model_dirs = {seed: save_tiny_model(Path(tmp) / f"model-s{seed}", ALPHABET, hidden=args.hidden,
                                             layers=args.layers, heads=4, init_std=0.1, tie=False, seed=seed)
                       for seed in args.seeds}
+
+        def worker(framework: str, seed: int, beta: float, *extra: str) -> dict:
+            return run_worker(SCRIPT, [
+                "--worker", framework, "--model-dir", str(model_dirs[seed]), "--seed", str(seed), "--beta", str(beta),
+                "--steps", str(args.steps), "--prompts", str(args.prompts), "--group", str(args.group),
+                "--new-tokens", str(args.new_tokens), "--lr", str(args.lr), "--threads", str(args.threads), *extra])
+
         flip = False
         for beta in betas:
             for seed in args.seeds:
                 order = FRAMEWORKS[::-1] if flip else FRAMEWORKS
                 flip = not flip
                 for framework in order:
-                    common = ["--worker", framework, "--model-dir", str(model_dirs[seed]), "--seed", str(seed),
-                              "--beta", str(beta), "--steps", str(args.steps), "--prompts", str(args.prompts),
-                              "--group", str(args.group), "--new-tokens", str(args.new_tokens), "--lr", str(args.lr),
-                              "--threads", str(args.threads)]
-                    started = time.perf_counter()
-                    result = run_worker(SCRIPT, common)
-                    result["process_s"] = time.perf_counter() - started
-                    print(f"  {framework:6s} beta={beta:<5g} seed={seed}: {1000 * result['median_step_s']:.1f} ms/step, "
-                          f"expected reward {result['quality_before']['expected_reward']:.3f} -> "
+                    result = worker(framework, seed, beta)
+                    print(f"  {framework:6s} beta={beta:<5g} seed={seed}: {1000 * result['median_step_s']:.1f} "
+                          f"ms/step, expected reward {result['quality_before']['expected_reward']:.3f} -> "
                           f"{result['quality']['expected_reward']:.3f}", file=sys.stderr, flush=True)
                     results.append(result)
         if args.profile:
             for framework in FRAMEWORKS:
-                seed = args.seeds[0]
-                result = run_worker(SCRIPT, ["--worker", framework, "--model-dir", str(model_dirs[seed]),
-                                             "--seed", str(seed), "--beta", str(betas[-1]), "--profile-run",
-                                             "--steps", str(args.steps), "--prompts", str(args.prompts),
-                                             "--group", str(args.group), "--new-tokens", str(args.new_tokens),
-                                             "--lr", str(args.lr), "--threads", str(args.threads)])
-                result["profiled"] = True
-                results.append(result)
+                results.append(dict(worker(framework, args.seeds[0], betas[-1], "--profile-run"), profiled=True))
     return results
 
 
 def report(args: argparse.Namespace, results: list[dict]) -> str:
-    lines = [f"### unimas vs TRL GRPOTrainer — one role, equal work",
+    lines = ["### unimas vs TRL GRPOTrainer — one role, equal work",
              "",
              f"{args.prompts} prompts × {args.group} completions × ≤{args.new_tokens} new tokens per step, "
              f"{args.steps} steps, lr {args.lr:g}, seeds {args.seeds}; tiny Qwen2 h{args.hidden} L{args.layers} "
@@ -382,16 +379,34 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
     lines += ["", "Ratios unimas / TRL (median over seeds of per-seed ratios):", ""]
     lines.append(markdown_table(["KL", "step time", "tokens/s", "peak RSS (net)", "expected reward (mean)",
                                  "time ≤ 0.8×", "reward ≥ TRL"], ratio_rows))
+    seed_rows = []
+    for beta in sorted({r["beta"] for r in results}):
+        for seed in args.seeds:
+            pair = {r["framework"]: r for r in results
+                    if r["beta"] == beta and r["seed"] == seed and not r.get("profiled")}
+            if len(pair) == 2:
+                u, t = pair["unimas"], pair["trl"]
+                seed_rows.append([f"{beta:g}", seed, 1000 * u["median_step_s"], 1000 * t["median_step_s"],
+                                  u["median_step_s"] / t["median_step_s"],
+                                  u["quality_midway"].get("expected_reward", float("nan")),
+                                  t["quality_midway"].get("expected_reward", float("nan")),
+                                  u["quality"]["expected_reward"], t["quality"]["expected_reward"]])
+    if seed_rows:
+        lines += ["", "Per seed (the spread between seeds is the noise level of the reward comparison):", "",
+                  markdown_table(["KL", "seed", "unimas ms", "TRL ms", "ratio", f"unimas reward @{args.steps // 2}",
+                                  f"TRL reward @{args.steps // 2}", f"unimas reward @{args.steps}",
+                                  f"TRL reward @{args.steps}"], seed_rows)]
     for r in results:
         if r.get("profiled") and r.get("profile"):
             owner = "unimas" if r["framework"] == "unimas" else "TRL"
             lines += ["", f"pyinstrument, {r['framework']} (KL {r['beta']:g}, steps 2..{args.steps} of a separate "
-                          f"profiled run): time attributed to the innermost {owner} frame:", "",
+                          f"profiled run, in rounds of {profile_every(args.steps)} steps): time attributed to the "
+                          f"innermost {owner} frame, median share over rounds:", "",
                       frames_table(r["profile"][:12])]
-    mismatch = [r for r in results
-                if abs(r["quality_before"]["expected_reward"]
-                       - next(x for x in results if x["seed"] == r["seed"])["quality_before"]["expected_reward"]) > 1e-4]
-    if mismatch:
+    start = {}
+    for r in results:
+        start.setdefault(r["seed"], set()).add(round(r["quality_before"]["expected_reward"], 4))
+    if any(len(values) > 1 for values in start.values()):
         lines += ["", "WARNING: the two frameworks did not start from the same weights."]
     return "\n".join(lines)
 

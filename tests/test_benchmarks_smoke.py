@@ -58,15 +58,14 @@ def test_vs_trl_smoke():
 
 
 def test_overhead_smoke():
-    extra = ["--profile", "1"] if importlib.util.find_spec("pyinstrument") else []
-    out = run_benchmark("overhead.py", *extra)
+    out = run_benchmark("overhead.py")
     rows = table_rows(out, "mapping")
     assert [row[0] for row in rows] == ["shared", "separate"]
     for row in rows:
         assert number(row[3]) > 0 and number(row[8]) > 0  # unimas step, floor
         assert -100 < number(row[12]) < 100  # overhead %
-    if extra:
-        assert "_generate_batch" in out  # the profile attributes time to unimas functions
+    if importlib.util.find_spec("pyinstrument"):
+        assert "unimas/backends/torch_backend.py" in out  # the profile attributes time to unimas functions
 
 
 def test_sharing_smoke():
@@ -79,4 +78,5 @@ def test_sharing_smoke():
     assert total(params["separate"]) == 3 * total(params["shared"])
     assert number(params["lora"].split("/")[1]) < total(params["lora"])  # only adapters train
     for row in rows:
-        assert number(row[3]) > number(row[4]) > 0  # raw peak > net peak > 0
+        assert number(row[3]) > 0 and number(row[8]) > 0  # peak RSS, step ms
+    assert "smoke" in out  # the table says its memory numbers are not measurements
