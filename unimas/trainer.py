@@ -13,6 +13,7 @@ The loop never touches weights: it talks to model groups through a transport
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from collections import defaultdict
@@ -185,6 +186,10 @@ class Trainer:
     # -- the loop ---------------------------------------------------------
     async def run(self, resume: bool = False) -> list[dict[str, Any]]:
         trainer = self.config.trainer
+        # Models, tokenizers and imported modules live for the whole run; freezing them keeps
+        # the collector's full passes (measured: ~250 ms every ~10 steps) off the step time.
+        gc.collect()
+        gc.freeze()
         self.run_dir.config.write_text(dump_config(self.config))
         writer = MetricsWriter(self.run_dir.metrics)
         history: list[dict[str, Any]] = []

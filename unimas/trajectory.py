@@ -80,8 +80,13 @@ class GraphTrajectory:
         return self.graph.nodes[node_id]["data"]
 
     def nodes(self) -> Iterator[Node]:
-        for node_id in nx.topological_sort(self.graph):
-            yield self.graph.nodes[node_id]["data"]
+        """Nodes in the order they happened.
+
+        ``add_node`` only accepts edges from nodes already present, so
+        insertion order is a topological order: no sort needed on this hot path.
+        """
+        for _, attributes in self.graph.nodes(data=True):
+            yield attributes["data"]
 
     def turns(self, role: str | None = None) -> list[TurnNode]:
         return [n for n in self.nodes() if isinstance(n, TurnNode) and (role is None or n.role == role)]

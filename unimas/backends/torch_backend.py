@@ -60,24 +60,24 @@ class _Batch:
 
 
 def _layout(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad: int, device) -> _Batch:
+    """Build the padded batch from Python lists in one tensor call (row-wise tensor writes are slow)."""
     width_p = max(len(p) for p in prompts)
     width_r = max(len(r) for r in responses)
-    ids = torch.full((len(prompts), width_p + width_r), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, (prompt, response) in enumerate(zip(prompts, responses)):
-        ids[row, width_p - len(prompt) : width_p] = torch.tensor(prompt)
-        ids[row, width_p : width_p + len(response)] = torch.tensor(response, dtype=torch.long)
-        mask[row, width_p - len(prompt) : width_p + len(response)] = 1
+    rows, masks = [], []
+    for prompt, response in zip(prompts, responses):
+        left, right = width_p - len(prompt), width_r - len(response)
+        rows.append([pad] * left + list(prompt) + list(response) + [pad] * right)
+        masks.append([0] * left + [1] * (len(prompt) + len(response)) + [0] * right)
+    ids = torch.tensor(rows, dtype=torch.long)
+    mask = torch.tensor(masks, dtype=torch.long)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     ids, mask, positions = ids.to(device), mask.to(device), positions.to(device)
     return _Batch(ids, mask, positions, ids[:, width_p:], mask[:, width_p:].float())
 
 
 def _pad_rows(rows: Sequence[Sequence[float]], width: int, device) -> torch.Tensor:
-    out = torch.zeros(len(rows), width)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out.to(device)
+    padded = [list(row) + [0.0] * (width - len(row)) for row in rows]
+    return torch.tensor(padded, dtype=torch.float32).to(device)
 
 
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -280,8 +280,16 @@ class TorchModelGroup(ModelGroup):
         return ids
 
     def _prompt_ids(self, text: str, reserve: int) -> list[int]:
-        """Token ids of a prompt, cut from the left so that ``reserve`` more tokens fit."""
-        ids = self._encode(text, add_special_tokens=True)
+        return self._prompt_ids_batch([text], reserve)[0]
+
+    def _prompt_ids_batch(self, texts: Sequence[str], reserve: int) -> list[list[int]]:
+        """Token ids of prompts (one tokenizer call for the batch), each fitted by :meth:`_fit_prompt`."""
+        encoded = self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
+        return [self._fit_prompt(text, ids, reserve) for text, ids in zip(texts, encoded)]
+
+    def _fit_prompt(self, text: str, ids: list[int], reserve: int) -> list[int]:
+        """Check the characters and cut the prompt from the left so that ``reserve`` more tokens fit."""
+        check_known(self.tokenizer, text, ids)
         if not ids:
             ids = [self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self._eos_ids[0]]
         if self.max_positions is None:
@@ -329,7 +337,7 @@ class TorchModelGroup(ModelGroup):
     def _generate_batch(
         self, prompts: list[str], gen: GenerationConfig, greedy: bool, adapter: Optional[str]
     ) -> list[GenResult]:
-        prompt_ids = [self._prompt_ids(p, gen.max_new_tokens) for p in prompts]
+        prompt_ids = self._prompt_ids_batch(prompts, gen.max_new_tokens)
         batch = _layout(prompt_ids, [[]] * len(prompt_ids), self.tokenizer.pad_token_id, self.device)
         eos = torch.tensor(self._eos_ids, device=self.device)
         mask, position = batch.attention_mask, batch.position_ids[:, -1:]

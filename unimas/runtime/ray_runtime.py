@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import sys
 import time
 from collections import deque
@@ -85,6 +86,8 @@ def connect(runtime: RuntimeConfig, cpus_needed: float = 0.0) -> bool:
     """
     if ray.is_initialized():
         return False
+    if runtime.address is not None:
+        _check_reachable(runtime.address)
     quiet = {"logging_level": RAY_LOGGING_LEVEL, "log_to_driver": True}
     if runtime.address is None:
         cpus = max(os.cpu_count() or 1, math.ceil(cpus_needed))
@@ -96,6 +99,20 @@ def connect(runtime: RuntimeConfig, cpus_needed: float = 0.0) -> bool:
         raise UserError(f"cannot connect to the Ray cluster at '{runtime.address}': {type(exc).__name__}: "
                         f"{_one_line(str(exc))}", where="runtime.address") from None
     return True
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on a ``host:port`` nobody listens at: Ray itself retries for many minutes."""
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return  # "auto" and other forms: Ray resolves them and fails fast itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise UserError(f"nothing accepts connections at {target} ({exc.strerror or exc}). Is the Ray head "
+                        "running there (`ray start --head`)? Leave runtime.address empty to start a local "
+                        "instance.", where="runtime.address") from None
 
 
 def cluster_resources() -> tuple[dict[str, float], list[tuple[str, dict[str, float]]]]:
