@@ -28,11 +28,12 @@ ray = pytest.importorskip("ray")
 from tests.conftest import EXAMPLES, REPO  # noqa: E402
 from unimas.cli import main  # noqa: E402
 from unimas.config import ExperimentConfig, RuntimeConfig, load_config  # noqa: E402
+from unimas.errors import UserError  # noqa: E402
 from unimas.experiment import Experiment  # noqa: E402
 from unimas.rundir import RunDir  # noqa: E402
 from unimas.runtime.controller import EpisodeSpec, run_episodes  # noqa: E402
 from unimas.runtime.local import LocalTransport  # noqa: E402
-from unimas.runtime.ray_runtime import RayTransport, connect  # noqa: E402
+from unimas.runtime.ray_runtime import RayTransport, _check_reachable, connect  # noqa: E402
 from unimas.runtime.router import Router  # noqa: E402
 from unimas.trainer import GroupFailed, Trainer  # noqa: E402
 
@@ -167,10 +168,8 @@ def test_group_updates_overlap_in_time(ray_transport, tmp_path):
 
     updates = asyncio.run(spans())
     assert len(updates["speaker_model"]) >= 2 and len(updates["listener_model"]) >= 2
-    overlaps = [
-        min(a_end, b_end) - max(a_start, b_start)
-        for (_, a_start, a_end), (_, b_start, b_end) in zip(updates["speaker_model"][-2:], updates["listener_model"][-2:])
-    ]
+    pairs = zip(updates["speaker_model"][-2:], updates["listener_model"][-2:])  # the last two steps
+    overlaps = [min(a_end, b_end) - max(a_start, b_start) for (_, a_start, a_end), (_, b_start, b_end) in pairs]
     assert max(overlaps) > 0, f"update calls did not overlap: {updates}"
 
 
@@ -209,6 +208,13 @@ def test_dry_run_fails_clearly_when_the_cluster_is_short(ray_cluster, capsys):
     err = capsys.readouterr().err
     assert "models.*.resources" in err and "GPU: need 2, cluster has 0" in err
     assert "Traceback" not in err
+
+
+def test_an_address_nobody_listens_at_fails_fast():
+    started = time.monotonic()
+    with pytest.raises(UserError, match="runtime.address: nothing accepts connections at 127.0.0.1:1"):
+        _check_reachable("ray://127.0.0.1:1")
+    assert time.monotonic() - started < 10  # Ray's own retries would take minutes
 
 
 # --------------------------------------------------------------- failures

@@ -26,6 +26,7 @@ trainer's concurrent ``update`` calls really overlap.
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -156,6 +157,8 @@ class ModelGroupActor:
         torch.set_num_threads(config.trainer.torch_threads)
         torch.manual_seed(config.trainer.seed)  # as the driver does in local mode (only LoRA dropout draws from it)
         self.group = build_group(config, build_registry(config.plugins), self.name)
+        gc.collect()
+        gc.freeze()  # the model and imported modules live as long as the actor: keep them out of full GC passes
         return self.info()
 
     def info(self) -> dict[str, Any]:
@@ -236,7 +239,7 @@ class RayTransport:
         cpus = sum(group.resources.cpus for group in config.models.values())
         owns_ray = connect(config.runtime, cpus)
         tree = config.model_dump(mode="json", by_alias=True)
-        driver_path = [p for p in sys.path if p]
+        driver_path = [p or os.getcwd() for p in sys.path]  # "" is the cwd of `python -m unimas.cli`
 
         def spawn(name: str):
             res = config.models[name].resources
