@@ -87,3 +87,52 @@ def test_arith_warm_start_checkpoint_loads_and_trains(tmp_path):
                     "trainer.eval_size=50")
     assert records[0]["eval/accuracy"] >= 0.2  # warm start, not a random model
     assert "role/verifier/reward_mean" in records[1]
+
+
+def _local_trainer(tmp_path, *overrides):
+    import asyncio  # noqa: F401 - used by callers through asyncio.run
+
+    from unimas.config import load_config
+    from unimas.rundir import RunDir
+    from unimas.runtime.local import LocalTransport
+    from unimas.trainer import Trainer
+    from unimas.validate import validate
+
+    config = load_config(EXAMPLES / "quickstart.yaml", ["trainer.steps=3", "trainer.tasks_per_step=4",
+                                                       "trainer.stop_at_accuracy=null", *overrides])
+    experiment = validate(config)
+    transport = LocalTransport.start(config, experiment.registry)
+    return Trainer(experiment, RunDir(tmp_path).create(), transport), transport
+
+
+def _break_once(transport, group, after_calls):
+    calls = {"n": 0}
+    real = transport.groups[group].generate
+
+    def flaky(requests):
+        calls["n"] += 1
+        if calls["n"] == after_calls:
+            raise RuntimeError("simulated crash")
+        return real(requests)
+
+    transport.groups[group].generate = flaky
+
+
+def test_local_group_failure_names_group_and_step(tmp_path):
+    import asyncio
+
+    from unimas.trainer import GroupFailed
+
+    trainer, transport = _local_trainer(tmp_path)
+    _break_once(transport, "shared", after_calls=5)  # step-0 eval and step 1 take 2 calls each; step 2 fails
+    with pytest.raises(GroupFailed, match=r"model group 'shared' failed during step 2.*simulated crash"):
+        asyncio.run(trainer.run())
+
+
+def test_local_group_is_rebuilt_and_the_step_retried(tmp_path):
+    import asyncio
+
+    trainer, transport = _local_trainer(tmp_path, "runtime.restart_failed_groups=true", "trainer.save_every=1")
+    _break_once(transport, "shared", after_calls=6)  # fails in step 2, after the step-1 checkpoint
+    history = asyncio.run(trainer.run())
+    assert [r["step"] for r in history] == [0, 1, 2, 3]

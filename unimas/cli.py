@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from unimas.errors import UserError
+from unimas.errors import ModelGroupError, UserError
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ModelGroupError as exc:  # not the user's fault, but one clear line beats a Ray traceback
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from collections import defaultdict
 
 from unimas.config import dump_config, load_config
@@ -49,7 +48,7 @@ def _torch_setup(threads: int, seed: int) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from unimas.trainer import GroupFailed, Trainer, start_transport
+    from unimas.trainer import Trainer, start_transport
 
     experiment = _prepare(args)
     config = experiment.config
@@ -83,12 +82,6 @@ def cmd_train(args: argparse.Namespace) -> int:
             asyncio.run(trainer.run(resume=args.resume))
         finally:
             transport.shutdown()  # also on Ctrl-C: group actors stop, a Ray instance we started stops
-    except GroupFailed as exc:  # not a user error, but one clear line beats a Ray traceback
-        if getattr(args, "debug", False):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        print(f"run directory: {run_dir.root}", file=sys.stderr)
-        return 1
     finally:
         logger.close()
     if config.logging.report:

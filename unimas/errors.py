@@ -12,3 +12,7 @@ class UserError(Exception):
     def __init__(self, message: str, *, where: str | None = None):
         self.where = where
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class ModelGroupError(RuntimeError):
+    """A model group (process, actor or endpoint) failed: not the user's fault, exit code 1."""

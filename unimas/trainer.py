@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from unimas.backends.base import TrainTurn
 from unimas.config import ExperimentConfig, dump_config
 from unimas.credit import CreditedTurn, estimate_advantages, group_key, score_episode, turn_credit
-from unimas.errors import UserError
+from unimas.errors import ModelGroupError, UserError
 from unimas.experiment import Experiment
 from unimas.metrics import MetricsWriter, rollout_metrics, throughput_metrics
 from unimas.runtime.controller import EpisodeSpec, run_episodes
@@ -36,7 +36,7 @@ class TrainingFailed(RuntimeError):
     """Too many episodes failed in one step (see ``trainer.failure_budget``)."""
 
 
-class GroupFailed(RuntimeError):
+class GroupFailed(ModelGroupError):
     """A model group failed during a step and was not restarted, or failed again after its restart."""
 
     def __init__(self, failure: GroupFailure, where: str, note: str):
@@ -225,8 +225,6 @@ class Trainer:
         except GroupFailure as failure:
             if not self.config.runtime.restart_failed_groups:
                 raise GroupFailed(failure, where, "runtime.restart_failed_groups is off") from failure.cause
-            if not hasattr(self.transport, "restart"):
-                raise GroupFailed(failure, where, "this runtime cannot restart model groups") from failure.cause
             group = failure.group
         latest = self.run_dir.latest_checkpoint()
         checkpoint = latest / group if latest is not None else None

@@ -11,12 +11,20 @@ from unimas.runtime.groups import build_group
 
 
 class LocalTransport:
-    def __init__(self, groups: dict[str, ModelGroup]):
+    def __init__(self, groups: dict[str, ModelGroup], config: ExperimentConfig, registry: Registry):
         self.groups = groups
+        self.config = config
+        self.registry = registry
 
     @classmethod
     def start(cls, config: ExperimentConfig, registry: Registry) -> "LocalTransport":
-        return cls({name: build_group(config, registry, name) for name in sorted(config.models)})
+        return cls({name: build_group(config, registry, name) for name in sorted(config.models)}, config, registry)
+
+    async def restart(self, group: str, checkpoint: Path | None) -> None:
+        """Rebuild a group from config, then load ``checkpoint`` (initial weights when None)."""
+        self.groups[group] = build_group(self.config, self.registry, group)
+        if checkpoint is not None:
+            self.groups[group].load(checkpoint)
 
     async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
         return self.groups[group].generate(requests)

@@ -6,7 +6,8 @@ when *every* live episode is waiting on a model (nothing else can make
 progress, so waiting longer only adds latency), or after ``max_wait_s``
 otherwise (e.g. some episodes are in a slow tool call). The second rule makes
 batch composition — and so sampling — deterministic whenever no real-time
-waits are involved, which is why local and Ray runs match.
+waits are involved. Local and Ray runs then match exactly for lock-step
+workflows (see docs/runtime.md for when Ray's completion order can differ).
 
 "Waiting" is counted per episode, not per request, and the check runs one
 event-loop turn after the request that triggered it: an episode that fans
@@ -25,13 +26,14 @@ from collections import Counter, defaultdict
 from typing import Protocol
 
 from unimas.backends.base import GenRequest, GenResult
+from unimas.errors import ModelGroupError
 
 
 class Transport(Protocol):
     async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]: ...
 
 
-class GroupFailure(RuntimeError):
+class GroupFailure(ModelGroupError):
     """A model group could not serve a batch; fatal for the step, unlike a workflow error."""
 
     def __init__(self, group: str, cause: BaseException):
