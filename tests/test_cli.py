@@ -81,3 +81,12 @@ def test_cli_process_exit_code_and_debug_traceback(tmp_path):
 def test_override_reaches_the_config(tmp_path, capsys):
     assert main(["validate", str(EXAMPLES / "quickstart.yaml"), "--set", "algorithm.group_size=1"]) == 2
     assert "algorithm.group_size" in capsys.readouterr().err
+
+
+def test_training_into_an_existing_run_is_refused_and_loses_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    assert main(["train", str(EXAMPLES / "quickstart.yaml"), "--run-dir", str(run)]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n'

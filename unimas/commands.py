@@ -72,7 +72,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     if args.resume and args.run_dir is None:
         raise UserError("--resume needs --run-dir pointing at the run to continue", where="--resume")
-    run_dir = (RunDir(args.run_dir) if args.run_dir else RunDir.new(config.name)).create()
+    run_dir = RunDir(args.run_dir) if args.run_dir else RunDir.new(config.name)
+    if not args.resume and run_dir.metrics.exists() and run_dir.metrics.stat().st_size:
+        raise UserError("this run directory already holds a run; pass --resume to continue it or choose a new "
+                        "--run-dir (nothing was changed)", where=str(run_dir.root))
+    run_dir.create()
     _torch_setup(config.trainer.torch_threads, config.trainer.seed)
     logger = build_loggers(config, run_dir)
     try:
