@@ -26,10 +26,11 @@ def run_benchmark(script: str, *args: str, timeout: float = 300) -> str:
     return proc.stdout
 
 
-def table_rows(out: str, first_header: str) -> list[list[str]]:
-    """Body rows of the markdown table whose header starts with ``| first_header |``."""
+def table_rows(out: str, column: str, first: bool = True) -> list[list[str]]:
+    """Body rows of the markdown table whose header starts with (or, ``first=False``, has) ``| column |``."""
     lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    start = next(i for i, line in enumerate(lines)
+                 if (line.startswith(f"| {column} |") if first else line.startswith("|") and f"| {column} |" in line))
     rows = []
     for line in lines[start + 2:]:
         if not line.startswith("|"):
@@ -39,7 +40,7 @@ def table_rows(out: str, first_header: str) -> list[list[str]]:
 
 
 def number(cell: str) -> float:
-    return float(re.sub(r"[,%× ]", "", cell))
+    return float(re.sub(r"[,%×x ]", "", cell))
 
 
 def test_vs_trl_smoke():
@@ -80,3 +81,17 @@ def test_sharing_smoke():
     for row in rows:
         assert number(row[3]) > 0 and number(row[8]) > 0  # peak RSS, step ms
     assert "smoke" in out  # the table says its memory numbers are not measurements
+
+
+def test_controller_scale_smoke():
+    out = run_benchmark("controller_scale.py")
+    rows = table_rows(out, "concurrent episodes", first=False)
+    assert [(row[0], row[1]) for row in rows] == [("local", "1"), ("local", "8"), ("local", "64"),
+                                                  ("ray", "1"), ("ray", "8")]
+    for row in rows:
+        turns, turns_per_s, us_per_turn, cpu_per_turn = (number(row[i]) for i in (2, 4, 5, 6))
+        assert turns >= 200 and turns_per_s > 0 and us_per_turn > 0 and cpu_per_turn > 0
+    assert number(rows[0][7]) == 1.0  # one episode in flight: every batch holds one request
+    assert rows[3][8].endswith("x")  # ray rows are compared with local at the same concurrency
+    memory = table_rows(out, "in-flight episodes", first=False)
+    assert memory[0][:2] == ["local", "256"] and number(memory[0][2]) > 0
