@@ -67,9 +67,11 @@ class GraphTrajectory:
     started: float = 0.0
     ended: float = 0.0
     graph: nx.DiGraph = field(default_factory=nx.DiGraph)
+    _in_order: list[Node] = field(default_factory=list, repr=False, compare=False)
 
     def add_node(self, node: Node, consumed: Iterable[str] = ()) -> Node:
         self.graph.add_node(node.id, data=node)
+        self._in_order.append(node)
         for source in consumed:
             if source not in self.graph:
                 raise KeyError(f"node {source!r} is not part of episode {self.episode_id}")
@@ -83,10 +85,11 @@ class GraphTrajectory:
         """Nodes in the order they happened.
 
         ``add_node`` only accepts edges from nodes already present, so
-        insertion order is a topological order: no sort needed on this hot path.
+        insertion order is a topological order: no sort (and no networkx
+        view) on this hot path — credit and metrics walk every episode's
+        nodes several times per step.
         """
-        for _, attributes in self.graph.nodes(data=True):
-            yield attributes["data"]
+        return iter(self._in_order)
 
     def turns(self, role: str | None = None) -> list[TurnNode]:
         return [n for n in self.nodes() if isinstance(n, TurnNode) and (role is None or n.role == role)]
@@ -108,7 +111,7 @@ class GraphTrajectory:
             "rewards": self.rewards,
             "started": self.started,
             "ended": self.ended,
-            "nodes": [asdict(self.graph.nodes[n]["data"]) for n in self.graph.nodes],
+            "nodes": [asdict(node) for node in self._in_order],
             "edges": [[a, b] for a, b in self.graph.edges],
         }
 
@@ -122,7 +125,7 @@ class GraphTrajectory:
         for raw in data["nodes"]:
             node_cls = TurnNode if raw["kind"] == "turn" else ToolNode
             known = {f.name for f in fields(node_cls)}
-            traj.graph.add_node(raw["id"], data=node_cls(**{k: v for k, v in raw.items() if k in known}))
+            traj.add_node(node_cls(**{k: v for k, v in raw.items() if k in known}))
         traj.graph.add_edges_from(tuple(e) for e in data["edges"])
         return traj
 

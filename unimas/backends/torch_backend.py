@@ -365,19 +365,14 @@ class TorchModelGroup(ModelGroup):
         token_rows = torch.stack(tokens, 1).tolist()
         logprob_rows = torch.stack(logprobs, 1).tolist()
         eos_set = set(self._eos_ids)
-        results = []
-        for ids, row, lps in zip(prompt_ids, token_rows, logprob_rows):
-            end = next((i + 1 for i, t in enumerate(row) if t in eos_set), None)
-            response = row[: end or len(row)]
-            results.append(
-                GenResult(
-                    text=self.tokenizer.decode(response, skip_special_tokens=True),
-                    prompt_ids=ids,
-                    response_ids=response,
-                    logprobs=lps[: len(response)],
-                    finished=end is not None,
-                )
-            )
+        ends = [next((i + 1 for i, t in enumerate(row) if t in eos_set), None) for row in token_rows]
+        responses = [row[: end or len(row)] for row, end in zip(token_rows, ends)]
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        results = [
+            GenResult(text=text, prompt_ids=ids, response_ids=response, logprobs=lps[: len(response)],
+                      finished=end is not None)
+            for text, ids, response, lps, end in zip(texts, prompt_ids, responses, logprob_rows, ends)
+        ]
         return results
 
     # -------------------------------------------------------------- training
@@ -425,13 +420,21 @@ class TorchModelGroup(ModelGroup):
         return torch.cat(parts_lp)[inverse], ent, torch.cat(parts_mask)[inverse]
 
     def _reference_logprobs(self, turns: Sequence[TrainTurn]) -> torch.Tensor:
-        """Log-probs under the frozen reference: the base with adapters off, or a lazy copy."""
-        with torch.no_grad():
-            if self._is_peft and not self.config.lora.train_base:
-                return self._logprobs(self.model, turns, [None] * len(turns))[0]
+        """Log-probs under the frozen reference: the base with adapters off, or a lazy copy.
+
+        Computed under ``inference_mode`` (no autograd bookkeeping at all) and
+        cloned out of it, because the KL term later combines it with tensors
+        that do record gradients.
+        """
+        if self._is_peft and not self.config.lora.train_base:
+            model, adapters = self.model, [None] * len(turns)
+        else:
             if self._reference is None:
                 self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-            return self._logprobs(self._reference, turns, [t.adapter for t in turns])[0]
+            model, adapters = self._reference, [t.adapter for t in turns]
+        with torch.inference_mode():
+            reference = self._logprobs(model, turns, adapters)[0]
+        return reference.clone()
 
     def update(self, turns: list[TrainTurn], algorithm: AlgorithmConfig) -> dict[str, float]:
         """PPO epochs over shuffled mini-batches; metrics are means over optimiser steps."""
