@@ -90,3 +90,20 @@ def test_training_into_an_existing_run_is_refused_and_loses_nothing(tmp_path, ca
     assert main(["train", str(EXAMPLES / "quickstart.yaml"), "--run-dir", str(run)]) == 2
     assert "--resume" in capsys.readouterr().err
     assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n'
+
+
+def test_too_many_failed_episodes_stop_the_run_with_one_line(tmp_path, capsys):
+    (tmp_path / "broken_workflow.py").write_text(
+        "import unimas\n\nasync def crash(ctx, task):\n    raise ValueError('bug in my workflow')\n\n"
+        "@unimas.hookimpl\ndef unimas_workflows():\n    return {'crash': crash}\n"
+    )
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        path = broken(tmp_path, lambda t: t.update(workflow={"name": "crash"}, plugins=["broken_workflow"]))
+        assert main(["train", str(path), "--run-dir", str(tmp_path / "run"), "--set", "trainer.steps=1"]) == 1
+    finally:
+        sys.path.remove(str(tmp_path))
+    err = capsys.readouterr().err
+    assert "episodes failed" in err and "ValueError: bug in my workflow" in err and "Traceback" not in err

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from unimas.errors import ModelGroupError, UserError
+from unimas.errors import RunError, UserError
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except ModelGroupError as exc:  # not the user's fault, but one clear line beats a Ray traceback
+    except RunError as exc:  # a failed group or too many failed episodes: one clear line, no traceback
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)

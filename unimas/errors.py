@@ -14,5 +14,9 @@ class UserError(Exception):
         super().__init__(f"{where}: {message}" if where else message)
 
 
-class ModelGroupError(RuntimeError):
-    """A model group (process, actor or endpoint) failed: not the user's fault, exit code 1."""
+class RunError(RuntimeError):
+    """The run cannot go on (not a config mistake): the CLI prints one line and exits 1."""
+
+
+class ModelGroupError(RunError):
+    """A model group (process, actor or endpoint) failed."""

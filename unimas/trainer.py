@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from unimas.backends.base import TrainTurn
 from unimas.config import ExperimentConfig, dump_config
 from unimas.credit import CreditedTurn, estimate_advantages, group_key, score_episode, turn_credit
-from unimas.errors import ModelGroupError, UserError
+from unimas.errors import ModelGroupError, RunError, UserError
 from unimas.experiment import Experiment
 from unimas.metrics import MetricsWriter, rollout_metrics, throughput_metrics
 from unimas.runtime.controller import EpisodeSpec, run_episodes
@@ -32,7 +32,7 @@ from unimas.rundir import RunDir, read_trainer_state, write_trainer_state
 from unimas.trajectory import GraphTrajectory, write_jsonl
 
 
-class TrainingFailed(RuntimeError):
+class TrainingFailed(RunError):
     """Too many episodes failed in one step (see ``trainer.failure_budget``)."""
 
 
