@@ -136,3 +136,11 @@ def test_local_group_is_rebuilt_and_the_step_retried(tmp_path):
     _break_once(transport, "shared", after_calls=6)  # fails in step 2, after the step-1 checkpoint
     history = asyncio.run(trainer.run())
     assert [r["step"] for r in history] == [0, 1, 2, 3]
+
+
+def test_graph_workflow_trains_exactly_like_the_python_one(tmp_path):
+    settings = ["trainer.steps=4", "trainer.eval_every=2", "trainer.tasks_per_step=8", "trainer.stop_at_accuracy=null"]
+    python = train("quickstart.yaml", tmp_path / "python", *settings)
+    graph = train("quickstart_graph.yaml", tmp_path / "graph", *settings)
+    assert [r["reward/mean"] for r in graph[1:]] == [r["reward/mean"] for r in python[1:]]
+    assert evals(graph) == evals(python)
