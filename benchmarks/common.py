@@ -232,6 +232,17 @@ def warm_verl() -> None:
 # ------------------------------------------------------------------ workers
 
 
+def run_parent(args: Any, run_all: Callable[[Any], Any], report: Callable[[Any, Any], str]) -> int:
+    """Parent side of a worker-based benchmark: run every worker, optionally save JSON, print the table."""
+    quiet_environment(args.threads)
+    setup_torch(args.threads)
+    results = run_all(args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(report(args, results))
+    return 0
+
+
 def emit_result(payload: dict) -> None:
     """Worker side: the one line the parent parses."""
     sys.stdout.write(RESULT_PREFIX + json.dumps(payload) + "\n")

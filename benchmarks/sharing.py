@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -47,7 +46,7 @@ if __package__ in (None, ""):
 
 from benchmarks.common import (  # noqa: E402
     Phases, build_unimas, emit_result, machine_line, markdown_table, median, peak_rss_mb, quiet_environment,
-    rss_mb, run_worker, setup_torch, warm_verl,
+    rss_mb, run_parent, run_worker, setup_torch, warm_verl,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -230,13 +229,7 @@ def main(argv=None) -> int:
     if args.worker:
         emit_result(worker(args, args.worker))
         return 0
-    quiet_environment(args.threads)
-    setup_torch(args.threads)
-    results = run_all(args)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    print(report(args, results))
-    return 0
+    return run_parent(args, run_all, report)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 import time
@@ -37,7 +36,8 @@ if __package__ in (None, ""):
 
 from benchmarks.common import (  # noqa: E402
     Phases, build_unimas, emit_result, ensure_importable, frames_table, instrument_group, machine_line,
-    markdown_table, mean, median, peak_rss_mb, quiet_environment, rss_mb, run_worker, save_tiny_model, setup_torch,
+    markdown_table, mean, median, peak_rss_mb, quiet_environment, rss_mb, run_parent, run_worker, save_tiny_model,
+    setup_torch,
     RoundProfiler, trl_owned, unimas_owned, warm_verl,
 )
 
@@ -417,13 +417,7 @@ def main(argv=None) -> int:
         worker = worker_unimas if args.worker == "unimas" else worker_trl
         emit_result(worker(args))
         return 0
-    quiet_environment(args.threads)
-    setup_torch(args.threads)
-    results = run_all(args)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    print(report(args, results))
-    return 0
+    return run_parent(args, run_all, report)
 
 
 if __name__ == "__main__":

@@ -20,3 +20,14 @@ def _one_thread():
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def real_run(tmp_path_factory) -> Path:
+    """One short quickstart training run per test session, shared by the report and metrics-doc tests."""
+    from unimas.cli import main
+
+    run = tmp_path_factory.mktemp("quickstart-run")
+    short = ["--set", "trainer.steps=3", "--set", "trainer.eval_every=1", "--set", "trainer.tasks_per_step=8"]
+    assert main(["train", str(EXAMPLES / "quickstart.yaml"), "--run-dir", str(run), *short]) == 0
+    return run

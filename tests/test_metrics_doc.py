@@ -6,7 +6,6 @@ import itertools
 import re
 from pathlib import Path
 
-from tests.test_report import real_run  # noqa: F401 - the shared short training run
 from unimas.config import load_config
 from unimas.credit import reward_keys
 from unimas.metrics import read_metrics
@@ -38,7 +37,7 @@ def expand(name: str, values: dict[str, list[str]]) -> set[str]:
     return names
 
 
-def test_documented_metric_names_match_a_real_run(real_run):  # noqa: F811
+def test_documented_metric_names_match_a_real_run(real_run):
     config = load_config(real_run / "config.yaml")
     values = {"role": list(config.roles), "group": list(config.models), "reward": reward_keys(config.rewards),
               "k": [str(config.trainer.eval_samples)]}

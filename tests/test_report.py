@@ -4,7 +4,6 @@ the report on a killed run, episode selection, console progress and the optional
 from __future__ import annotations
 
 import base64
-import functools
 import io
 import json
 import os
@@ -18,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from unimas.cli import main
 from unimas.config import load_config
 from unimas.console import ConsoleLogger
 from unimas.errors import UserError
@@ -32,21 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "examples" / "quickstart.yaml"
 ARTIFACTS = REPO / "test-artifacts"
 CHROMIUM = Path("/usr/bin/chromium")
-SHORT_RUN = ["--set", "trainer.steps=3", "--set", "trainer.eval_every=1", "--set", "trainer.tasks_per_step=8"]
 CLI = [sys.executable, "-c", "import sys; from unimas.cli import main; sys.exit(main(sys.argv[1:]))"]
-
-
-@functools.cache
-def _train(base: Path) -> Path:
-    run = base / "quickstart-run"
-    assert main(["train", str(QUICKSTART), "--run-dir", str(run), *SHORT_RUN]) == 0
-    return run
-
-
-@pytest.fixture(scope="session")
-def real_run(tmp_path_factory) -> Path:
-    """One short quickstart training run per test session (shared with test_metrics_doc.py)."""
-    return _train(tmp_path_factory.getbasetemp())
 
 
 def chromium(*args: str, tmp: Path) -> subprocess.CompletedProcess:

@@ -1,7 +1,5 @@
 import asyncio
 
-import pytest
-
 from unimas.backends.base import GenRequest, GenResult
 from unimas.config import GenerationConfig
 from unimas.runtime.router import GroupFailure, Router

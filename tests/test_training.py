@@ -90,8 +90,6 @@ def test_arith_warm_start_checkpoint_loads_and_trains(tmp_path):
 
 
 def _local_trainer(tmp_path, *overrides):
-    import asyncio  # noqa: F401 - used by callers through asyncio.run
-
     from unimas.config import load_config
     from unimas.rundir import RunDir
     from unimas.runtime.local import LocalTransport

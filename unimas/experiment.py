@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from unimas.config import ExperimentConfig
-from unimas.credit import resolve_estimator
+from unimas.credit import resolve_estimator, reward_keys
 from unimas.errors import UserError
 from unimas.registry import Registry, build_registry
 
@@ -58,8 +58,6 @@ class Experiment:
     @property
     def primary_reward(self) -> str | None:
         """The first trajectory-level reward: what `eval/accuracy` and `reward/mean` report."""
-        from unimas.credit import reward_keys
-
         for key, spec in zip(reward_keys(self.config.rewards), self.config.rewards):
             if spec.level == "trajectory":
                 return key

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from unimas.backends.base import TrainTurn
 from unimas.config import ExperimentConfig, dump_config
-from unimas.credit import CreditedTurn, estimate_advantages, group_key, score_episode, turn_credit
+from unimas.credit import CreditedTurn, estimate_advantages, group_key, reward_keys, score_episode, turn_credit
 from unimas.errors import ModelGroupError, RunError, UserError
 from unimas.experiment import Experiment
 from unimas.metrics import MetricsWriter, rollout_metrics, throughput_metrics
@@ -239,8 +239,6 @@ class Trainer:
 
 
 def evaluation_metrics(trajectories: list[GraphTrajectory], experiment: Experiment, samples: int) -> dict[str, float]:
-    from unimas.credit import reward_keys
-
     metrics: dict[str, float] = {}
     keys = reward_keys(experiment.config.rewards)
     for key, spec in zip(keys, experiment.config.rewards):
