@@ -144,9 +144,9 @@ class TimingTransport:
             self.gen_results.append((group, list(results)))
         return results
 
-    async def update(self, group, turns, algorithm):
+    async def update(self, group, turns):
         with self.phases.phase("update"):
-            stats = await self.inner.update(group, turns, algorithm)
+            stats = await self.inner.update(group, turns)
         if self.record:
             self.updates.append((group, list(turns)))
         return stats
@@ -164,15 +164,15 @@ def instrument_group(group, phases: Phases) -> None:
     """Time a TorchModelGroup's policy forward and reference forward inside ``update``.
 
     Wraps two bound methods on the instance (the class is untouched):
-    ``_logprobs`` while autograd is on is the policy forward of an update
-    ("policy_fwd"); ``_reference_logprobs`` is the KL reference forward
+    ``response_logprobs`` while autograd is on is the policy forward of an update
+    ("policy_fwd"); ``reference_logprobs`` is the KL reference forward
     ("ref_fwd", including the lazy copy of the reference on first use).
     What remains of ``update`` is loss, backward and optimiser step.
     """
     import torch
 
-    logprobs = group._logprobs
-    reference = group._reference_logprobs
+    logprobs = group.response_logprobs
+    reference = group.reference_logprobs
 
     def timed_logprobs(*args, **kwargs):
         if not torch.is_grad_enabled():
@@ -184,8 +184,8 @@ def instrument_group(group, phases: Phases) -> None:
         with phases.phase("ref_fwd"):
             return reference(*args, **kwargs)
 
-    group._logprobs = timed_logprobs
-    group._reference_logprobs = timed_reference
+    group.response_logprobs = timed_logprobs
+    group.reference_logprobs = timed_reference
 
 
 # ------------------------------------------------------------------ models
@@ -194,9 +194,9 @@ def instrument_group(group, phases: Phases) -> None:
 def save_tiny_model(directory: Path, alphabet: str, hidden: int = 64, layers: int = 2, heads: int = 4,
                     init_std: float = 0.1, tie: bool = False, seed: int = 0, max_positions: int = 64) -> Path:
     """A random-init Qwen2 + char tokenizer written with ``save_pretrained`` (what both TRL and unimas load)."""
-    from unimas.backends.chars import build_char_tokenizer
-    from unimas.backends.tiny import build_tiny_model
-    from unimas.config import TinyModelConfig
+    from unimas.groups.torch.chars import build_char_tokenizer
+    from unimas.groups.torch.options import TinyModelConfig
+    from unimas.groups.torch.tiny import build_tiny_model
 
     spec = TinyModelConfig(architecture="qwen2", alphabet=alphabet, hidden_size=hidden, num_layers=layers,
                            num_heads=heads, init_std=init_std, tie_embeddings=tie, max_positions=max_positions)
@@ -212,14 +212,15 @@ def save_tiny_model(directory: Path, alphabet: str, hidden: int = 64, layers: in
 def build_unimas(tree: dict, run_root: Path, phases: Phases, record: bool = False):
     """(trainer, timing transport) for a config dict; plugin modules in ``tree['plugins']`` must be importable."""
     ensure_importable()
-    from unimas.config import config_from_dict
+    from unimas.config_file import config_from_dict
     from unimas.experiment import Experiment
+    from unimas.groups.transport import start_transport
     from unimas.rundir import RunDir
-    from unimas.trainer import Trainer, start_transport
+    from unimas.trainer import Trainer
 
     config = config_from_dict(tree, "<benchmark>")
     experiment = Experiment.resolve(config)
-    transport = TimingTransport(start_transport(config, experiment), phases, record=record)
+    transport = TimingTransport(start_transport(config, experiment.registry), phases, record=record)
     trainer = Trainer(experiment, RunDir(Path(run_root)).create(), transport)
     return trainer, transport
 

@@ -5,7 +5,7 @@ backend: a transport whose ``generate`` returns canned ``GenResult``s. Under
 ``local`` it is called in-process; under ``ray`` it lives in two Ray actors
 (one per model group) behind the real ``RayTransport``, so serialisation and
 the actor round trip are real. Everything else is the production path:
-``run_episodes`` -> ``EpisodeContext.act`` -> ``Router`` (micro-batching)
+``Controller.run`` -> ``EpisodeContext.act`` -> ``Router`` (micro-batching)
 -> transport, with a two-role, two-group workflow (speaker -> group a,
 listener -> group b), i.e. the signalling game's shape.
 
@@ -36,10 +36,10 @@ import time
 import tracemalloc
 from dataclasses import dataclass
 
-from unimas.backends.base import GenRequest, GenResult
 from unimas.config import GenerationConfig, RoleConfig
-from unimas.runtime.controller import EpisodeSpec, run_episodes
-from unimas.runtime.router import Router
+from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.controller.router import Router
+from unimas.groups.base import GenRequest, GenResult
 
 GROUPS = ("a", "b")
 ROLES = {
@@ -105,7 +105,7 @@ def specs(count: int) -> list[EpisodeSpec]:
 
 async def _run(transport, episodes: int, concurrency: int) -> tuple[Router, list]:
     router = Router(transport, MAX_BATCH_SIZE, MAX_WAIT_S)
-    trajectories = await run_episodes(specs(episodes), workflow, ROLES, router, tools={}, max_concurrent=concurrency)
+    trajectories = await Controller(workflow, ROLES, router, tools={}, max_concurrent=concurrency).run(specs(episodes))
     return router, trajectories
 
 
@@ -161,7 +161,7 @@ def ray_transport():
     import ray
 
     from unimas.config import RuntimeConfig
-    from unimas.runtime.ray_runtime import RayTransport, connect
+    from unimas.groups.ray_actors import RayTransport, connect
 
     started = connect(RuntimeConfig(kind="ray"), cpus_needed=len(GROUPS))
     actor = ray.remote(num_cpus=1, max_concurrency=1)(CannedGroup)

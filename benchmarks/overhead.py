@@ -44,8 +44,19 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    Phases, build_unimas, frames_table, instrument_group, machine_line, markdown_table, mean, median,
-    profile_rounds, quiet_environment, setup_torch, unimas_owned, warm_verl,
+    Phases,
+    build_unimas,
+    frames_table,
+    instrument_group,
+    machine_line,
+    markdown_table,
+    mean,
+    median,
+    profile_rounds,
+    quiet_environment,
+    setup_torch,
+    unimas_owned,
+    warm_verl,
 )
 
 LETTERS = "abcdefgh"
@@ -83,10 +94,10 @@ def relay_config(mapping: str, args: argparse.Namespace, seed: int = 0) -> dict:
             "num_heads": 4, "init_std": 0.1, "tie_embeddings": False, "max_positions": 64}
     roles = {"speaker": "S:{target}", "relay": "R:{message}", "listener": "L:{message}"}
     if mapping == "shared":
-        models = {"shared": {"tiny": tiny}}
+        models = {"shared": {"options": {"tiny": tiny}}}
         owner = dict.fromkeys(roles, "shared")
     else:
-        models = {f"{r}_model": {"tiny": tiny} for r in roles}
+        models = {f"{r}_model": {"options": {"tiny": tiny}} for r in roles}
         owner = {r: f"{r}_model" for r in roles}
     gen = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "require_eos": False}
     return {

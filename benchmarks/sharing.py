@@ -45,8 +45,19 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    Phases, build_unimas, emit_result, machine_line, markdown_table, median, peak_rss_mb, quiet_environment,
-    rss_mb, run_parent, run_worker, setup_torch, warm_verl,
+    Phases,
+    build_unimas,
+    emit_result,
+    machine_line,
+    markdown_table,
+    median,
+    peak_rss_mb,
+    quiet_environment,
+    rss_mb,
+    run_parent,
+    run_worker,
+    setup_torch,
+    warm_verl,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -89,23 +100,23 @@ def scheme_config(scheme: str, size: str, args: argparse.Namespace) -> dict:
     roles = {r: {"template": t, "generation": gen} for r, t in templates.items()}
     workflow = {"name": "bench_relay"}
     if scheme == "one_role":
-        models = {"solo_model": {"tiny": tiny}}
+        models = {"solo_model": {"options": {"tiny": tiny}}}
         roles = {"solo": {"template": "{tag}:{message}", "generation": gen, "model": "solo_model"}}
         workflow = {"name": "bench_chain", "params": {"role": "solo"}}
     elif scheme == "first_role":
-        models = {"speaker_model": {"tiny": tiny}}
+        models = {"speaker_model": {"options": {"tiny": tiny}}}
         roles = {"speaker": dict(roles["speaker"], model="speaker_model")}
         workflow = {"name": "bench_echo", "params": {"role": "speaker"}}
     elif scheme == "shared":
-        models = {"shared": {"tiny": tiny}}
+        models = {"shared": {"options": {"tiny": tiny}}}
         for spec in roles.values():
             spec["model"] = "shared"
     elif scheme == "separate":
-        models = {f"{r}_model": {"tiny": tiny} for r in roles}
+        models = {f"{r}_model": {"options": {"tiny": tiny}} for r in roles}
         for r, spec in roles.items():
             spec["model"] = f"{r}_model"
     else:
-        models = {"base": {"tiny": tiny, "lora": {"r": 8, "alpha": 16}}}
+        models = {"base": {"options": {"tiny": tiny}, "lora": {"r": 8, "alpha": 16}}}
         for r, spec in roles.items():
             spec.update(model="base", adapter=r)
     return {

@@ -35,10 +35,27 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    Phases, build_unimas, emit_result, ensure_importable, frames_table, instrument_group, machine_line,
-    markdown_table, mean, median, peak_rss_mb, quiet_environment, rss_mb, run_parent, run_worker, save_tiny_model,
+    Phases,
+    RoundProfiler,
+    build_unimas,
+    emit_result,
+    ensure_importable,
+    frames_table,
+    instrument_group,
+    machine_line,
+    markdown_table,
+    mean,
+    median,
+    peak_rss_mb,
+    quiet_environment,
+    rss_mb,
+    run_parent,
+    run_worker,
+    save_tiny_model,
     setup_torch,
-    RoundProfiler, trl_owned, unimas_owned, warm_verl,
+    trl_owned,
+    unimas_owned,
+    warm_verl,
 )
 
 SCRIPT = Path(__file__).resolve()
@@ -139,7 +156,7 @@ def worker_unimas(a: argparse.Namespace) -> dict:
     tree = {
         "name": "bench-vs-trl",
         "plugins": ["benchmarks.bench_workflows"],
-        "models": {"policy": {"backend": "torch", "path": str(a.model_dir), "optim": {"lr": a.lr}}},
+        "models": {"policy": {"backend": "torch", "options": {"path": str(a.model_dir)}, "optim": {"lr": a.lr}}},
         "roles": {"echo": {"model": "policy", "template": "E:{target}",
                            "generation": {"max_new_tokens": a.new_tokens, "temperature": 1.0, "require_eos": False}}},
         "workflow": {"name": "bench_echo"},

@@ -21,11 +21,12 @@ import time
 from pathlib import Path
 
 import torch
-
-from unimas.backends.base import GenRequest, SupervisedExample
-from unimas.backends.torch_backend import TorchModelGroup
-from unimas.config import GenerationConfig, ModelGroupConfig, OptimConfig, TinyModelConfig
 from unimas_workflows.arithmetic import arithmetic_tasks
+
+from unimas.config import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig
+from unimas.groups.base import GenRequest, GroupSpec
+from unimas.groups.torch import SupervisedExample, TorchModelGroup, TorchOptions
+from unimas.groups.torch.checkpoint import RESUME_ONLY_FILES
 
 HERE = Path(__file__).resolve().parent
 
@@ -62,11 +63,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
-    spec = ModelGroupConfig(
-        tiny=TinyModelConfig(alphabet="0123456789+=>", hidden_size=128, num_layers=3, num_heads=4, init_std=0.05),
+    config = ModelGroupConfig(
+        options={"tiny": dict(alphabet="0123456789+=>", hidden_size=128, num_layers=3, num_heads=4, init_std=0.05)},
         optim=OptimConfig(lr=1e-3),
     )
-    group = TorchModelGroup.from_config("team", spec, adapters=[], seed=args.seed)
+    # Seeded with --seed itself (not a run's per-group seed) so the committed checkpoint stays reproducible;
+    # the algorithm settings are unused: this script only calls train_supervised.
+    spec = GroupSpec(name="team", config=config, options=TorchOptions.model_validate(config.options), adapters=[],
+                     seed=args.seed, algorithm=AlgorithmConfig())
+    group = TorchModelGroup.build(spec)
     train = arithmetic_tasks("train", args.seed, size=5000)
     held_out = arithmetic_tasks("eval", args.seed, size=200)
     started = time.perf_counter()
@@ -79,7 +84,7 @@ def main() -> None:
             if accuracy >= args.target:
                 break
     group.save(args.out)
-    for resume_only in ("optimizer.pt", "rng.pt"):  # init_from reads weights only; keep the committed copy small
+    for resume_only in RESUME_ONLY_FILES:  # init_from reads weights only; keep the committed copy small
         (args.out / resume_only).unlink(missing_ok=True)
     print(f"wrote {args.out}")
 

@@ -19,7 +19,7 @@ def test_every_example_validates(config, capsys):
 
 def test_validate_summary_names_the_sharing_scheme(capsys):
     main(["validate", str(EXAMPLES / "quickstart_lora.yaml")])
-    assert "LoRA adapter per role on one base (listener, speaker)" in capsys.readouterr().out
+    assert "LoRA adapter per role on one base (adapters listener, speaker)" in capsys.readouterr().out
     main(["validate", str(EXAMPLES / "quickstart.yaml")])
     assert "shared by 2 roles" in capsys.readouterr().out
 
@@ -94,7 +94,9 @@ def test_training_into_an_existing_run_is_refused_and_loses_nothing(tmp_path, ca
 
 def test_too_many_failed_episodes_stop_the_run_with_one_line(tmp_path, capsys):
     (tmp_path / "broken_workflow.py").write_text(
-        "import unimas\n\nasync def crash(ctx, task):\n    raise ValueError('bug in my workflow')\n\n"
+        "import unimas\n\nasync def crash(ctx, task):\n"
+        "    if ctx.trajectory.episode_id.startswith('s'):  # training episodes only\n"
+        "        raise ValueError('bug in my workflow')\n    return {}\n\n"
         "@unimas.hookimpl\ndef unimas_workflows():\n    return {'crash': crash}\n"
     )
     import sys

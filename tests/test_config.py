@@ -1,13 +1,13 @@
 import pytest
 
-from unimas.config import apply_override, config_from_dict, load_config
-from unimas.errors import UserError
 from tests.conftest import EXAMPLES
+from unimas.config_file import apply_override, config_from_dict, load_config
+from unimas.errors import UserError
 
 
 def minimal(**changes):
     tree = {
-        "models": {"m": {"tiny": {"alphabet": "ab"}}},
+        "models": {"m": {"options": {"tiny": {"alphabet": "ab"}}}},
         "roles": {"r": {"model": "m", "template": "{x}"}},
         "workflow": {"name": "signalling"},
         "data": {"name": "signalling"},
@@ -40,10 +40,31 @@ def test_override_without_equals_is_a_user_error():
         apply_override({}, "trainer.steps")
 
 
-def test_model_group_needs_exactly_one_source():
-    tree = minimal(models={"m": {"tiny": {"alphabet": "ab"}, "path": "/x"}})
-    with pytest.raises(UserError, match="models.m"):
+def test_settings_that_moved_under_options_say_where_they_went():
+    tree = minimal(models={"m": {"tiny": {"alphabet": "ab"}}})
+    with pytest.raises(UserError, match=r"models.m: .*tiny moved under 'options:'"):
         config_from_dict(tree)
+
+
+def test_per_group_algorithm_overrides_inherit_the_rest():
+    tree = minimal(algorithm={"kl_coef": 0.1, "clip_ratio": 0.3},
+                   models={"m": {"options": {"tiny": {"alphabet": "ab"}},
+                                 "algorithm": {"kl_coef": 0.0, "ppo_epochs": 2}}})
+    config = config_from_dict(tree)
+    settings = config.algorithm_for("m")
+    assert (settings.kl_coef, settings.ppo_epochs, settings.clip_ratio) == (0.0, 2, 0.3)
+    assert config.algorithm.kl_coef == 0.1  # the global settings are untouched
+
+
+def test_stop_when_takes_any_metric_and_stop_at_accuracy_is_its_shorthand():
+    config = config_from_dict(minimal(trainer={"stop_when": {"metric": "reward/mean", "at_least": 0.9}}))
+    assert config.stop_condition.reached({"reward/mean": 0.95}) and not config.stop_condition.reached({"step": 3})
+    low = config_from_dict(minimal(trainer={"stop_when": {"metric": "group/m/kl", "at_most": 0.01}}))
+    assert low.stop_condition.reached({"group/m/kl": 0.0}) and not low.stop_condition.reached({"group/m/kl": 0.5})
+    short = config_from_dict(minimal(trainer={"stop_at_accuracy": 0.5})).stop_condition
+    assert (short.metric, short.at_least) == ("eval/accuracy", 0.5)
+    with pytest.raises(UserError, match="exactly one of 'at_least' or 'at_most'"):
+        config_from_dict(minimal(trainer={"stop_when": {"metric": "reward/mean"}}))
 
 
 def test_workflow_name_or_graph_not_both():
@@ -55,10 +76,10 @@ def test_workflow_name_or_graph_not_both():
 def test_mapping_expresses_every_sharing_scheme_in_one_run():
     tree = minimal(
         models={
-            "shared": {"tiny": {"alphabet": "ab"}},
-            "solo": {"tiny": {"alphabet": "ab"}},
-            "base": {"tiny": {"alphabet": "ab"}, "lora": {"r": 4}},
-            "judge": {"tiny": {"alphabet": "ab"}, "trainable": False},
+            "shared": {"options": {"tiny": {"alphabet": "ab"}}},
+            "solo": {"options": {"tiny": {"alphabet": "ab"}}},
+            "base": {"options": {"tiny": {"alphabet": "ab"}}, "lora": {"r": 4}},
+            "judge": {"options": {"tiny": {"alphabet": "ab"}}, "trainable": False},
         },
         roles={
             "a": {"model": "shared", "template": "{x}"},

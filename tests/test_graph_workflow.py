@@ -8,11 +8,11 @@ import sys
 import networkx as nx
 import pytest
 
-from unimas.backends.base import GenResult
 from unimas.config import GraphConfig, RoleConfig
+from unimas.controller.context import EpisodeContext, node_value
 from unimas.errors import UserError
+from unimas.groups.base import GenResult
 from unimas.trajectory import GraphTrajectory
-from unimas.workflow.context import EpisodeContext, node_value
 from unimas.workflow.graph import check_graph, make_graph_workflow
 from unimas.workflow.safe_expr import ExpressionError
 

@@ -6,7 +6,7 @@ import itertools
 import re
 from pathlib import Path
 
-from unimas.config import load_config
+from unimas.config_file import load_config
 from unimas.credit import reward_keys
 from unimas.metrics import read_metrics
 

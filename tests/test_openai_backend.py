@@ -49,8 +49,8 @@ def endpoint():
 
 def config_with_api_listener(tmp_path, endpoint):
     tree = yaml.safe_load((EXAMPLES / "quickstart_separate.yaml").read_text())
-    tree["models"]["listener_model"] = {"backend": "openai", "endpoint": endpoint, "api_model": "listener-v1",
-                                        "trainable": False}
+    tree["models"]["listener_model"] = {"backend": "openai", "trainable": False,
+                                        "options": {"endpoint": endpoint, "api_model": "listener-v1"}}
     tree["roles"]["listener"]["trainable"] = False
     path = tmp_path / "api.yaml"
     path.write_text(yaml.safe_dump(tree))

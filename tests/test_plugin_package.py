@@ -1,5 +1,6 @@
 """A third-party plugin package, installed as a user would, is usable by name."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -36,6 +37,16 @@ def test_plugin_names_are_listed_with_their_provider(installed_plugin):
     workflows = lines[lines.index("workflows:") + 1: lines.index("rewards:")]
     assert any("draft_and_edit" in line and "unimas-echo" in line for line in workflows)
     assert any("signalling" in line and "(unimas)" in line for line in workflows)
+    for kind, name in (("estimators", "group_mean_baseline"), ("policy_losses", "reinforce")):
+        section = lines[lines.index(f"{kind}:") + 1:]
+        assert any(name in line and "unimas-echo" in line for line in section[:2]), kind
+
+
+def test_the_plugin_imports_nothing_but_unimas(installed_plugin):
+    """Written against the public surface: no deep imports of unimas internals."""
+    _, source = installed_plugin
+    text = (source / "src" / "unimas_echo" / "plugin.py").read_text()
+    assert "import unimas\n" in text and "from unimas" not in text and "unimas." in text
 
 
 def test_config_uses_plugin_by_name_and_trains(installed_plugin, tmp_path):
@@ -44,7 +55,9 @@ def test_config_uses_plugin_by_name_and_trains(installed_plugin, tmp_path):
     assert unimas(env, "validate", str(config)).returncode == 0
     result = unimas(env, "train", str(config), "--run-dir", str(tmp_path / "run"), "--set", "logging.report=false")
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 3  # step 0 eval + 2 steps
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]  # step-0 eval + 2 steps, with the plugin estimator and loss
+    assert all(r["group/tiny/policy_loss"] != 0.0 for r in records[1:])
 
 
 def test_without_the_plugin_the_name_is_unknown(tmp_path):

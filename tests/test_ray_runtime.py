@@ -27,15 +27,19 @@ ray = pytest.importorskip("ray")
 
 from tests.conftest import EXAMPLES, REPO  # noqa: E402
 from unimas.cli import main  # noqa: E402
-from unimas.config import ExperimentConfig, RuntimeConfig, load_config  # noqa: E402
-from unimas.errors import UserError  # noqa: E402
+from unimas.config import ExperimentConfig, RuntimeConfig
+from unimas.config_file import load_config  # noqa: E402
+from unimas.controller.episodes import Controller, EpisodeSpec  # noqa: E402
+from unimas.controller.router import Router  # noqa: E402
+from unimas.errors import (
+    ModelGroupError,  # noqa: E402
+    UserError,  # noqa: E402
+)
 from unimas.experiment import Experiment  # noqa: E402
+from unimas.groups.local import LocalTransport  # noqa: E402
+from unimas.groups.ray_actors import RayTransport, _check_reachable, connect  # noqa: E402
 from unimas.rundir import RunDir  # noqa: E402
-from unimas.runtime.controller import EpisodeSpec, run_episodes  # noqa: E402
-from unimas.runtime.local import LocalTransport  # noqa: E402
-from unimas.runtime.ray_runtime import RayTransport, _check_reachable, connect  # noqa: E402
-from unimas.runtime.router import Router  # noqa: E402
-from unimas.trainer import GroupFailed, Trainer  # noqa: E402
+from unimas.trainer import Trainer  # noqa: E402
 
 CONFIG = EXAMPLES / "quickstart_separate.yaml"
 SMALL = [
@@ -93,9 +97,9 @@ class Recording:
         self.generated.append((requests, results))
         return results
 
-    async def update(self, group, turns, algorithm):
+    async def update(self, group, turns):
         self.updates.append(turns)
-        return await self.inner.update(group, turns, algorithm)
+        return await self.inner.update(group, turns)
 
 
 def only_plain_data(obj, path="record"):
@@ -185,7 +189,7 @@ def test_workflow_exception_is_isolated_to_its_episode(ray_transport):
 
     specs = [EpisodeSpec(f"e{i}", f"t{i}", {"target": t, "answer": t}) for i, t in enumerate("abcdefgh")]
     router = Router(ray_transport, max_batch_size=256, max_wait_s=0.005)
-    trajectories = asyncio.run(run_episodes(specs, flaky, config.roles, router, tools={}))
+    trajectories = asyncio.run(Controller(flaky, config.roles, router, tools={}).run(specs))
     assert [t.failed for t in trajectories] == [True, True] + [False] * 6
     assert "ValueError: workflow bug" in trajectories[0].error
     assert all(len(t.turns()) == 2 for t in trajectories[2:])
@@ -261,7 +265,7 @@ def test_killed_actor_stops_the_run_with_an_error_naming_group_and_step(ray_clus
     assert main(["train", str(CONFIG), *args, "--run-dir", str(tmp_path / "run")]) == 1
     err = capsys.readouterr().err
     line = err.strip().splitlines()[0]
-    assert line.startswith("error: model group 'listener_model' failed during step 2: GroupActorDied")
+    assert line.startswith("error: model group 'listener_model' failed during step 2 (generate): ActorDied")
     assert "restart_failed_groups is off" in line
     assert "Traceback" not in err
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -292,10 +296,10 @@ def test_a_step_that_fails_again_after_the_restart_is_an_error(ray_cluster, tmp_
     transport = RayTransport.start(config)
     try:
         killer = Killer(transport, "speaker_model", at_calls=[2, 3])  # step 1 and its retry
-        with pytest.raises(GroupFailed) as failure:
+        with pytest.raises(ModelGroupError) as failure:
             run_trainer(config, killer, tmp_path)
         message = str(failure.value)
-        assert "model group 'speaker_model' failed during step 1" in message
+        assert "model group 'speaker_model' failed during step 1 (generate)" in message
         assert "after restarting 'speaker_model' from its initial weights and retrying once" in message
     finally:
         transport.shutdown()

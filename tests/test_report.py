@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from unimas.config import load_config
+from unimas.config_file import load_config
 from unimas.console import ConsoleLogger
 from unimas.errors import UserError
 from unimas.loggers import build_loggers
@@ -173,7 +173,7 @@ def test_console_in_eval_mode_prints_the_result_once(real_run):
     logger.log(read_metrics(real_run / "metrics.jsonl")[-1])
     logger.close()
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 2 and "eval/accuracy" in lines[0] and lines[1].startswith("evaluation done")
+    assert len(lines) == 2 and "eval reward (exact_match)" in lines[0] and lines[1].startswith("evaluation done")
 
 
 def test_tensorboard_logger_writes_every_metric(real_run, tmp_path):

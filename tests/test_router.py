@@ -1,8 +1,9 @@
 import asyncio
 
-from unimas.backends.base import GenRequest, GenResult
 from unimas.config import GenerationConfig
-from unimas.runtime.router import GroupFailure, Router
+from unimas.controller.router import Router
+from unimas.errors import ModelGroupError
+from unimas.groups.base import GenRequest, GenResult
 
 
 class EchoTransport:
@@ -96,5 +97,5 @@ def test_group_failure_reaches_every_waiting_episode_with_the_group_name():
                                     return_exceptions=True)
 
     results = asyncio.run(main())
-    assert all(isinstance(r, GroupFailure) and r.group == "b" for r in results)
+    assert all(isinstance(r, ModelGroupError) and r.group == "b" and r.phase == "generate" for r in results)
     assert "actor died" in str(results[0])

@@ -1,32 +1,51 @@
-"""Tests of the in-process torch backend, its char tokenizer and the verl wrappers.
+"""Tests of the in-process torch backend and its char tokenizer, and the shared loss in ``unimas.algorithms``.
 
 Every test checks a property a broken implementation would violate: equal
 log-probs under padding and between sampling and training, EOS handling,
 seeded determinism, that updates move the right parameters in the right
-direction, and bit-identical resume from a checkpoint.
+direction, learning-rate schedules, and bit-identical resume from a checkpoint.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import AutoTokenizer
+from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
 
-from unimas import verl_compat
-from unimas.backends.base import GenRequest, SupervisedExample, TrainTurn
-from unimas.backends.chars import build_char_tokenizer, check_known
-from unimas.backends.torch_backend import TorchModelGroup
-from unimas.config import AlgorithmConfig, GenerationConfig, LoraConfig, ModelGroupConfig, OptimConfig, TinyModelConfig
+from unimas import algorithms
+from unimas.config import AlgorithmConfig, GenerationConfig, LoraConfig, ModelGroupConfig, OptimConfig
+from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
+from unimas.groups.torch import SupervisedExample, TorchModelGroup, TorchOptions
+from unimas.groups.torch.chars import build_char_tokenizer, check_known
 
 ALPHABET = "abcdefgh:SL "
 
 
-def make_group(arch="qwen2", seed=0, adapters=(), lora=None, trainable=True, lr=1e-3, **tiny) -> TorchModelGroup:
+def group_spec(config: ModelGroupConfig, adapters=(), seed=0, total_updates=0, name="m", **algorithm) -> GroupSpec:
+    """What ``unimas.groups.build`` makes from a full config: validated options, algorithm, policy loss."""
+    settings = AlgorithmConfig(**algorithm)
+    return GroupSpec(name=name, config=config, options=TorchOptions.model_validate(config.options),
+                     adapters=list(adapters), seed=seed, algorithm=settings,
+                     policy_loss=get_policy_loss_fn(settings.loss), total_updates=total_updates)
+
+
+def make_group(arch="qwen2", seed=0, adapters=(), lora=None, trainable=True, lr=1e-3, optim=None, total_updates=0,
+               algorithm=None, **tiny) -> TorchModelGroup:
     spec = dict(alphabet=ALPHABET, architecture=arch, hidden_size=32, num_layers=2, num_heads=4, max_positions=64)
     spec.update(tiny)
-    config = ModelGroupConfig(tiny=TinyModelConfig(**spec), lora=lora, trainable=trainable, optim=OptimConfig(lr=lr))
-    return TorchModelGroup.from_config("m", config, list(adapters), seed)
+    config = ModelGroupConfig(options={"tiny": spec}, lora=lora, trainable=trainable,
+                              optim=OptimConfig(lr=lr, **(optim or {})))
+    return TorchModelGroup.build(group_spec(config, adapters, seed, total_updates, **(algorithm or {})))
+
+
+def set_algorithm(group: TorchModelGroup, **settings) -> None:
+    """Change the update settings of a built group (the trainer fixes them per run; tests vary them)."""
+    group.spec.algorithm = AlgorithmConfig(**settings)
 
 
 def gen(max_new=6, temperature=1.0, **kw) -> GenerationConfig:
@@ -38,7 +57,8 @@ PROMPTS = ["S:a", "S:bcd", "L:hgfedcba", "a", "S:ee"]
 
 def turns_from(results, advantage=1.0, temperature=1.0, adapter=None) -> list[TrainTurn]:
     return [
-        TrainTurn(r.prompt_ids, r.response_ids, r.logprobs, advantage, temperature=temperature, adapter=adapter)
+        TrainTurn(r.prompt_ids, r.response_ids, r.logprobs, advantage, rollout_logprobs_exact=r.logprobs_exact,
+                  temperature=temperature, adapter=adapter)
         for r in results
     ]
 
@@ -46,7 +66,7 @@ def turns_from(results, advantage=1.0, temperature=1.0, adapter=None) -> list[Tr
 def response_logprob(group, result, adapter=None) -> float:
     turn = turns_from([result], adapter=adapter)[0]
     with torch.no_grad():
-        logp, _, mask = group._logprobs(group.model, [turn], [adapter])
+        logp, _, mask = group.response_logprobs(group.model, [turn], [adapter])
     return float((logp * mask).sum())
 
 
@@ -83,9 +103,9 @@ def test_padding_does_not_change_logprobs(arch):
         np.testing.assert_allclose(alone.logprobs, together.logprobs, atol=1e-5)
     turns = turns_from(batch)
     with torch.no_grad():
-        logp, _, mask = group._logprobs(group.model, turns, [None] * len(turns))
+        logp, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
         for row, turn in enumerate(turns):
-            single, _, _ = group._logprobs(group.model, [turn], [None])
+            single, _, _ = group.response_logprobs(group.model, [turn], [None])
             n = len(turn.response_ids)
             torch.testing.assert_close(logp[row, :n], single[0, :n], atol=1e-5, rtol=0)
             assert mask[row].sum() == n
@@ -97,17 +117,17 @@ def test_rollout_logprobs_equal_training_logprobs(arch, temperature):
     results = group.generate([GenRequest(p, gen(8, temperature)) for p in PROMPTS * 4])
     turns = turns_from(results, temperature=temperature)
     with torch.no_grad():
-        logp, _, mask = group._logprobs(group.model, turns, [None] * len(turns))
+        logp, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
     for row, r in enumerate(results):
         np.testing.assert_allclose(logp[row, : len(r.logprobs)].numpy(), r.logprobs, atol=1e-5)
-    metrics = group.update(turns, AlgorithmConfig())
+    metrics = group.update(turns)
     assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6) and metrics["clip_frac"] == 0.0
 
 
 def test_eos_stops_and_is_included():
     group = make_group()
     eos = group.tokenizer.eos_token_id
-    group._logit_bias[eos] = 2.5  # make EOS frequent but not certain
+    group.logit_bias[eos] = 2.5  # make EOS frequent but not certain
     results = group.generate([GenRequest(p, gen(5)) for p in PROMPTS * 10])
     assert any(r.finished for r in results) and not all(r.finished for r in results)
     for r in results:
@@ -118,7 +138,7 @@ def test_eos_stops_and_is_included():
             assert len(r.response_ids) == 5 and eos not in r.response_ids
         assert r.text == group.tokenizer.decode([t for t in r.response_ids if t != eos])
         assert "<" not in r.text and " " * 2 not in r.text
-    group._logit_bias[eos] = 100.0
+    group.logit_bias[eos] = 100.0
     only = group.generate([GenRequest("S:a", gen(5))])[0]
     assert only.response_ids == [eos] and only.finished and only.text == ""
 
@@ -163,7 +183,7 @@ def test_positive_advantage_raises_logprob_negative_lowers():
     before = response_logprob(group, up), response_logprob(group, down)
     turns = turns_from([up], 1.0) + turns_from([down], -1.0)
     for _ in range(3):
-        metrics = group.update(turns, AlgorithmConfig())
+        metrics = group.update(turns)
     assert response_logprob(group, up) > before[0] + 0.1
     assert response_logprob(group, down) < before[1] - 0.1
     assert metrics["grad_norm"] > 0 and metrics["tokens"] == len(up.response_ids) + len(down.response_ids)
@@ -172,12 +192,12 @@ def test_positive_advantage_raises_logprob_negative_lowers():
 def test_minibatches_and_epochs_take_several_steps():
     group = make_group()
     results = group.generate([GenRequest(p, gen(4)) for p in PROMPTS * 2])
-    algorithm = AlgorithmConfig(mini_batch_size=3, ppo_epochs=2)
-    before = [p.detach().clone() for p in group._train_params]
-    metrics = group.update(turns_from(results), algorithm)
-    assert group._optimizer.state[group._train_params[0]]["step"] == 8  # 2 epochs x ceil(10 / 3)
+    set_algorithm(group, mini_batch_size=3, ppo_epochs=2)
+    before = [p.detach().clone() for p in group.train_params]
+    metrics = group.update(turns_from(results))
+    assert group.optimizer.state[group.train_params[0]]["step"] == 8  # 2 epochs x ceil(10 / 3)
     assert metrics["ppo_kl"] != 0.0  # later mini-batches see an updated policy
-    assert any(not torch.equal(b, p) for b, p in zip(before, group._train_params))
+    assert any(not torch.equal(b, p) for b, p in zip(before, group.train_params))
 
 
 def lora_snapshot(group) -> dict[str, torch.Tensor]:
@@ -189,17 +209,17 @@ def test_lora_updates_only_the_turns_adapter():
     assert group.num_parameters()["trainable"] < group.num_parameters()["total"] / 2
     results = group.generate([GenRequest(p, gen(4), adapter="x") for p in PROMPTS])
     before = lora_snapshot(group)
-    group.update(turns_from(results, adapter="x"), AlgorithmConfig())
+    group.update(turns_from(results, adapter="x"))
     after = lora_snapshot(group)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(".x." in k and "lora_" in k for k in changed)
     # now both adapters in one mini-batch: each goes through its own forward
     mixed = turns_from(results[:2], adapter="x") + turns_from(results[2:], adapter="y")
-    group.update(mixed, AlgorithmConfig())
+    group.update(mixed)
     changed = {k for k in after if not torch.equal(after[k], group.model.get_parameter(k))}
     assert any(".x." in k for k in changed) and any(".y." in k for k in changed)
     assert all("lora_" in k for k in changed)
-    assert all(p.requires_grad for p in group._train_params)
+    assert all(p.requires_grad for p in group.train_params)
 
 
 def test_frozen_group_refuses_to_train():
@@ -207,7 +227,7 @@ def test_frozen_group_refuses_to_train():
     result = group.generate([GenRequest("S:a", gen(3))])[0]
     assert group.num_parameters()["trainable"] == 0
     with pytest.raises(RuntimeError, match="frozen"):
-        group.update(turns_from([result]), AlgorithmConfig())
+        group.update(turns_from([result]))
     with pytest.raises(RuntimeError, match="frozen"):
         group.train_supervised([SupervisedExample("S:a", "b")])
 
@@ -218,10 +238,10 @@ def test_kl_reference_only_when_needed(lora):
     adapter = "x" if lora else None
     group = make_group(lr=1e-2, **kwargs)
     turns = turns_from(group.generate([GenRequest(p, gen(4), adapter=adapter) for p in PROMPTS]), adapter=adapter)
-    assert group.update(turns, AlgorithmConfig())["kl"] == 0.0 and group._reference is None
-    with_kl = AlgorithmConfig(kl_coef=0.1, ppo_epochs=2)
+    assert group.update(turns)["kl"] == 0.0 and group._reference is None
+    set_algorithm(group, kl_coef=0.1, ppo_epochs=2)
     for _ in range(2):
-        metrics = group.update(turns, with_kl)
+        metrics = group.update(turns)
     assert metrics["kl"] > 0
     assert (group._reference is None) == lora  # LoRA: the base with adapters off is the reference
 
@@ -239,45 +259,163 @@ def test_supervised_steps_learn_a_copy_task():
 @pytest.mark.parametrize("lora", [False, True])
 def test_save_load_resumes_bit_identically(tmp_path, lora):
     kwargs = dict(adapters=["x", "y"], lora=LoraConfig(r=4)) if lora else {}
-    algorithm = AlgorithmConfig(kl_coef=0.05, mini_batch_size=3)
-    first = make_group(seed=3, **kwargs)
+    algorithm = dict(kl_coef=0.05, mini_batch_size=3)
+    first = make_group(seed=3, algorithm=algorithm, **kwargs)
 
     def step(group):
         requests = [GenRequest(p, gen(5), adapter="y" if lora else None) for p in PROMPTS]
         results = group.generate(requests)
-        metrics = group.update(turns_from(results, adapter="y" if lora else None), algorithm)
+        metrics = group.update(turns_from(results, adapter="y" if lora else None))
         return [r.response_ids for r in results], metrics["policy_loss"]
 
     step(first)
     first.save(tmp_path / "ckpt")
     expected = step(first), step(first)
-    resumed = make_group(seed=99, **kwargs)
+    resumed = make_group(seed=99, algorithm=algorithm, **kwargs)
     resumed.load(tmp_path / "ckpt")
     assert (step(resumed), step(resumed)) == expected
 
-    config = first.config.model_copy(update={"init_from": str(tmp_path / "ckpt"), "tiny": None})
-    warm = TorchModelGroup.from_config("m", config, list(kwargs.get("adapters", [])), 0)
+    config = first.config.model_copy(update={"options": {"init_from": str(tmp_path / "ckpt")}})
+    warm = TorchModelGroup.build(group_spec(config, kwargs.get("adapters", ())))
     reference = make_group(seed=99, **kwargs)
     reference.load(tmp_path / "ckpt")
     for (k, v), (k2, v2) in zip(warm.model.named_parameters(), reference.model.named_parameters()):
         assert k == k2 and torch.equal(v, v2)
 
 
-# ------------------------------------------------------------------ verl
+# ------------------------------------------------------- exactness, schedule
 
 
-def test_verl_estimators_on_one_credit_per_turn():
-    rewards = torch.tensor([[1.0], [0.0], [1.0], [0.0], [0.5], [0.5]])
-    mask = torch.ones_like(rewards)
+def test_filtered_sampling_is_not_exact_and_update_recomputes_old_logprobs():
+    group = make_group()
+    plain, filtered, greedy = group.generate([GenRequest("S:a", gen(4)), GenRequest("S:b", gen(4, top_k=3)),
+                                              GenRequest("S:c", gen(4, top_p=0.5), greedy=True)])
+    assert plain.logprobs_exact and not filtered.logprobs_exact and greedy.logprobs_exact
+    assert not group.generate([GenRequest("S:d", gen(4, top_p=0.9))])[0].logprobs_exact
+
+    def ppo_kl(exact: bool, logprobs) -> float:
+        turn = TrainTurn(filtered.prompt_ids, filtered.response_ids, logprobs, 1.0, rollout_logprobs_exact=exact)
+        fresh = make_group()  # same seed: same weights as ``group``
+        return fresh.update([turn])["ppo_kl"]
+
+    wrong = [lp - 1.0 for lp in filtered.logprobs]
+    assert ppo_kl(True, wrong) == pytest.approx(-1.0, abs=1e-4)  # trusted as reported
+    assert ppo_kl(False, wrong) == pytest.approx(0.0, abs=1e-6)  # recomputed: on-policy again
+    assert ppo_kl(True, wrong[:-1] or [0.0, 0.0]) == pytest.approx(0.0, abs=1e-6)  # wrong length: recomputed
+
+
+def test_constant_schedule_keeps_the_rate_exactly():
+    group = make_group(lr=3e-3, total_updates=4)
+    turns = turns_from(group.generate([GenRequest(p, gen(3)) for p in PROMPTS[:2]]))
+    assert [group.update(turns)["lr"] for _ in range(5)] == [3e-3] * 5
+    assert group.optimizer.param_groups[0]["lr"] == 3e-3
+
+
+@pytest.mark.parametrize("schedule", ["linear", "cosine"])
+def test_schedule_warms_up_then_decays_to_the_floor_at_the_horizon(schedule):
+    optim = dict(schedule=schedule, warmup_steps=2, min_lr_ratio=0.1)
+    group = make_group(lr=1e-2, optim=optim, total_updates=6)
+    turns = turns_from(group.generate([GenRequest(p, gen(3)) for p in PROMPTS[:2]]))
+    used = [group.update(turns)["lr"] for _ in range(6)]
+    progress = [0.0, 0.25, 0.5, 0.75]
+    shape = [1 - p if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * p)) for p in progress]
+    expected = [1e-2 / 3, 2e-2 / 3] + [1e-2 * (0.1 + 0.9 * s) for s in shape]
+    assert used == pytest.approx(expected, rel=1e-9)
+    assert group.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-9)  # the floor at the horizon
+    assert group.update([])["lr"] == pytest.approx(1e-3, rel=1e-9)  # and it stays there
+
+
+def test_resume_restores_the_schedule(tmp_path):
+    optim = dict(schedule="linear", warmup_steps=1)
+    first = make_group(lr=1e-2, optim=optim, total_updates=5)
+    turns = turns_from(first.generate([GenRequest(p, gen(3)) for p in PROMPTS[:2]]))
+    first.update(turns), first.update(turns)
+    first.save(tmp_path / "ckpt")
+    expected = [first.update(turns)["lr"] for _ in range(2)]
+    resumed = make_group(lr=1e-2, optim=optim, total_updates=5)
+    resumed.load(tmp_path / "ckpt")
+    assert [resumed.update(turns)["lr"] for _ in range(2)] == expected
+    assert expected != [make_group(lr=1e-2, optim=optim, total_updates=5).update(turns)["lr"] for _ in range(2)]
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_options_need_exactly_one_source_and_known_keys():
+    tiny = {"alphabet": "ab"}
+    assert TorchOptions.model_validate({"tiny": tiny}).dtype == "float32"
+    with pytest.raises(ValidationError, match="exactly one.*got path and tiny"):
+        TorchOptions.model_validate({"tiny": tiny, "path": "some/dir"})
+    with pytest.raises(ValidationError, match="exactly one.*got none"):
+        TorchOptions.model_validate({"dtype": "bfloat16"})
+    with pytest.raises(ValidationError, match="extra_forbidden|Extra inputs"):
+        TorchOptions.model_validate({"tiny": tiny, "pth": "x"})
+    with pytest.raises(ValidationError, match="tiny.hidden"):
+        TorchOptions.model_validate({"tiny": {**tiny, "hidden": 8}})
+    assert all(field.description for field in TorchOptions.model_fields.values())
+    assert TorchModelGroup.options is TorchOptions  # what the builder validates models.<group>.options with
+
+
+def test_vocabulary_lists_tokens_without_building_a_model(tmp_path):
+    words = TorchModelGroup.vocabulary(TorchOptions(tiny={"alphabet": "abca:"}))
+    assert words == ["a", "b", "c", ":"]
+    make_group().save(tmp_path / "ckpt")
+    assert TorchModelGroup.vocabulary({"init_from": str(tmp_path / "ckpt")}) == list(dict.fromkeys(ALPHABET))
+    assert TorchModelGroup.vocabulary({"path": str(tmp_path / "ckpt" / "model")}) == list(dict.fromkeys(ALPHABET))
+
+
+# ---------------------------------------------------------- the shared loss
+
+
+def test_estimator_facts_come_from_the_signature():
+    grpo = algorithms.Estimator.from_function("grpo", compute_grpo_outcome_advantage, "verl")
+    assert grpo.group_normalised and not grpo.needs_critic and grpo.usable
+    scores = torch.tensor([[1.0], [0.0], [1.0], [0.0], [0.5], [0.5]])
     index = np.array(["x", "x", "y", "y", "z", "z"], dtype=object)
-    grpo = verl_compat.compute_estimator("grpo", rewards, mask, index, norm_by_std=False, gamma=1.0)
-    torch.testing.assert_close(grpo.squeeze(-1), torch.tensor([0.5, -0.5, 0.5, -0.5, 0.0, 0.0]))
-    rloo = verl_compat.compute_estimator("rloo", rewards, mask, index)
-    torch.testing.assert_close(rloo.squeeze(-1), torch.tensor([1.0, -1.0, 1.0, -1.0, 0.0, 0.0]))
-    assert verl_compat.compute_estimator("reinforce_plus_plus", rewards, mask, index).shape == (6, 1)
-    with pytest.raises(KeyError, match="unknown advantage estimator"):
-        verl_compat.advantage_estimator("nope")
-    with pytest.raises(ValueError, match="values"):
-        verl_compat.compute_estimator("gae", rewards, mask, index)
-    assert {"grpo", "rloo"} <= set(verl_compat.estimator_names())
-    assert {"vanilla", "gspo"} <= set(verl_compat.policy_loss_names())
+    advantages = grpo(scores, index, norm_by_std=False)
+    torch.testing.assert_close(advantages.squeeze(-1), torch.tensor([0.5, -0.5, 0.5, -0.5, 0.0, 0.0]))
+
+    def needs_values(token_level_rewards, values, response_mask):
+        raise AssertionError("never called")
+
+    def needs_baselines(token_level_rewards, reward_baselines, response_mask, config=None):
+        raise AssertionError("never called")
+
+    critic = algorithms.Estimator.from_function("gae_like", needs_values, "test")
+    assert critic.needs_critic and not critic.usable and not critic.group_normalised
+    remax = algorithms.Estimator.from_function("remax_like", needs_baselines, "test")
+    assert remax.missing_inputs == ("reward_baselines",) and not remax.usable
+
+
+def test_compose_loss_is_policy_minus_entropy_plus_kl():
+    torch.manual_seed(0)
+    log_prob = (torch.randn(3, 4) - 2).requires_grad_(True)
+    reference = log_prob.detach() + 0.3 * torch.randn(3, 4)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float32)
+    advantages = torch.tensor([[1.0], [-0.5], [2.0]]) * mask
+    entropy = torch.rand(3, 4)
+    settings = AlgorithmConfig(entropy_coef=0.01, kl_coef=0.1, kl_type="low_var_kl")
+    loss, metrics = algorithms.compose_loss(get_policy_loss_fn("vanilla"), settings, log_prob=log_prob,
+                                            old_log_prob=log_prob.detach(), advantages=advantages,
+                                            response_mask=mask, entropy=entropy, ref_log_prob=reference)
+
+    def token_mean(x):
+        return (x * mask).sum() / mask.sum()
+
+    diff = reference - log_prob.detach()
+    low_var_kl = (diff.exp() - diff - 1).clamp(-10, 10)
+    policy = -token_mean(advantages)  # on-policy: ratio 1, nothing clipped
+    expected = policy - 0.01 * token_mean(entropy) + 0.1 * token_mean(low_var_kl)
+    torch.testing.assert_close(loss.detach(), expected)
+    assert metrics["policy_loss"] == pytest.approx(float(policy), abs=1e-6)
+    assert metrics["kl"] == pytest.approx(float(token_mean(low_var_kl)), abs=1e-6)
+    assert metrics["clip_frac"] == 0.0 and metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-7)
+    plain, _ = algorithms.compose_loss(get_policy_loss_fn("vanilla"), AlgorithmConfig(), log_prob=log_prob,
+                                       old_log_prob=log_prob.detach(), advantages=advantages,
+                                       response_mask=mask, entropy=entropy)
+    plain.backward()
+    torch.testing.assert_close(log_prob.grad, -advantages / mask.sum())
+    with pytest.raises(ValueError, match="reference"):
+        algorithms.compose_loss(get_policy_loss_fn("vanilla"), settings, log_prob=log_prob,
+                                old_log_prob=log_prob.detach(), advantages=advantages, response_mask=mask,
+                                entropy=entropy)

@@ -90,9 +90,9 @@ def test_arith_warm_start_checkpoint_loads_and_trains(tmp_path):
 
 
 def _local_trainer(tmp_path, *overrides):
-    from unimas.config import load_config
+    from unimas.config_file import load_config
+    from unimas.groups.local import LocalTransport
     from unimas.rundir import RunDir
-    from unimas.runtime.local import LocalTransport
     from unimas.trainer import Trainer
     from unimas.validate import validate
 
@@ -119,11 +119,12 @@ def _break_once(transport, group, after_calls):
 def test_local_group_failure_names_group_and_step(tmp_path):
     import asyncio
 
-    from unimas.trainer import GroupFailed
+    from unimas.errors import ModelGroupError
 
     trainer, transport = _local_trainer(tmp_path)
     _break_once(transport, "shared", after_calls=5)  # step-0 eval and step 1 take 2 calls each; step 2 fails
-    with pytest.raises(GroupFailed, match=r"model group 'shared' failed during step 2.*simulated crash"):
+    failure = r"model group 'shared' failed during step 2 \(generate\).*simulated crash"
+    with pytest.raises(ModelGroupError, match=failure):
         asyncio.run(trainer.run())
 
 

@@ -6,8 +6,8 @@ import networkx as nx
 
 from tests.test_router import EchoTransport
 from unimas.config import RoleConfig
-from unimas.runtime.controller import EpisodeSpec, run_episodes
-from unimas.runtime.router import Router
+from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.controller.router import Router
 
 ROLES = {
     "pro": RoleConfig(model="a", template="P:{question}"),
@@ -31,7 +31,7 @@ async def debate(ctx, task):
 
 def run(specs, transport):
     router = Router(transport, max_batch_size=64, max_wait_s=10.0)
-    return asyncio.run(run_episodes(specs, debate, ROLES, router, {"add": add})), router
+    return asyncio.run(Controller(debate, ROLES, router, {"add": add}).run(specs)), router
 
 
 def test_parallel_roles_tools_and_consumed_edges():
@@ -51,7 +51,8 @@ def test_a_failing_episode_is_isolated_and_recorded():
     specs = [EpisodeSpec("ok", "t0", {"question": "q"}), EpisodeSpec("bad", "t0", {"question": "q", "explode": 1})]
     trajectories, _ = run(specs, EchoTransport())
     assert trajectories[0].error is None and trajectories[0].outcome["answer"]
-    assert trajectories[1].error == "RuntimeError: workflow bug"
+    assert trajectories[1].error.startswith("RuntimeError: workflow bug (at ")
+    assert "test_workflow_context.py:" in trajectories[1].error  # the user's file and line
     assert [t.id for t in trajectories[1].turns()] == ["pro#0", "con#0", "judge#0"]
 
 
@@ -61,5 +62,5 @@ def test_failing_tool_is_data_not_a_crash():
         return {"error": node.error}
 
     router = Router(EchoTransport(), max_batch_size=8, max_wait_s=10.0)
-    [traj] = asyncio.run(run_episodes([EpisodeSpec("e", "t", {})], flaky, ROLES, router, {"add": add}))
+    [traj] = asyncio.run(Controller(flaky, ROLES, router, {"add": add}).run([EpisodeSpec("e", "t", {})]))
     assert traj.error is None and traj.outcome["error"].startswith("TypeError")

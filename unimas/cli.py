@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 
 from unimas.errors import RunError, UserError
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check a config before any model loads")
     _config_args(validate)
+    validate.add_argument("--episodes", type=int, default=0, metavar="N",
+                          help="also run N episodes with stand-in models (random tokens, no weights) through the "
+                               "real controller, rewards and credit, and report what they did")
 
     sub.add_parser("plugins", help="list registered plugins by kind")
 
@@ -51,18 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except UserError as exc:
-        if args.debug:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(exc, 2, args.debug)
     except RunError as exc:  # a failed group or too many failed episodes: one clear line, no traceback
-        if args.debug:
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _fail(exc, 1, args.debug)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _fail(exc: BaseException, code: int, debug: bool) -> int:
+    """Print the error (with ``--debug``: the traceback, including the user code that caused it); the exit code."""
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"error: {exc}", file=sys.stderr)
+    return code
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -1,132 +1,163 @@
-"""The typed experiment config: one pydantic model, loaded from YAML.
+"""The typed experiment config: one pydantic model per YAML section.
 
 Unknown keys are errors everywhere (``extra="forbid"``) so a typo never
-silently falls back to a default. ``--set a.b=c`` overrides are applied to
-the raw YAML tree before validation, so they get the same checks.
+silently falls back to a default. Settings that only one backend understands
+live under ``models.<group>.options`` and are validated by that backend's own
+options model, so a third-party backend adds settings without touching this
+file. Loading, ``--set`` overrides and error formatting: ``unimas.config_file``.
+``docs/config.md`` is generated from these models (``python -m unimas.config_docs``).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from unimas.errors import UserError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Strict(BaseModel):
+    """Base of every config section: unknown keys are errors."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class TinyModelConfig(Strict):
-    """A random-init causal LM built from config: no download, CPU friendly."""
-
-    architecture: Literal["qwen2", "llama", "gpt2"] = "qwen2"
-    alphabet: str = Field(..., min_length=1, description="characters of the char-level tokenizer")
-    hidden_size: int = Field(64, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    intermediate_size: Optional[int] = None
-    max_positions: int = Field(128, ge=8)
-    init_std: float = Field(0.1, gt=0)
-    tie_embeddings: bool = False
-
-
 class LoraConfig(Strict):
-    r: int = Field(8, ge=1)
-    alpha: float = 16.0
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    train_base: bool = False
+    """LoRA adapters on a model group (peft); each role with ``adapter:`` gets its own."""
+
+    r: int = Field(8, ge=1, description="adapter rank")
+    alpha: float = Field(16.0, description="LoRA scaling numerator (peft `lora_alpha`; scale = alpha / r)")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                      description="names of the linear modules that get adapters")
+    train_base: bool = Field(False, description="also train the base weights; false = base frozen, adapters only")
 
 
 class OptimConfig(Strict):
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    grad_clip: float = Field(1.0, gt=0)
+    """AdamW and its learning-rate schedule (one schedule step per trainer step)."""
+
+    lr: float = Field(1e-3, gt=0, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2)")
+    grad_clip: float = Field(1.0, gt=0, description="max global gradient norm per optimiser step")
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="learning-rate decay over `trainer.steps` updates, after warm-up")
+    warmup_steps: int = Field(0, ge=0, description="updates with a linearly rising learning rate")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of the decayed rate, as a fraction of `lr`")
 
 
 class ResourcesConfig(Strict):
-    cpus: float = Field(1.0, ge=0)
-    gpus: float = Field(0.0, ge=0)
-    memory_gb: Optional[float] = Field(None, gt=0)
+    """What a model group asks for: its Ray actor's reservation (``runtime.kind: ray``) and its device."""
+
+    cpus: float = Field(1.0, ge=0, description="CPUs reserved for the group's actor")
+    gpus: float = Field(0.0, ge=0, description="GPUs reserved (fractions share one); > 0 = torch backend on CUDA")
+    memory_gb: Optional[float] = Field(None, gt=0, description="memory reserved, in GiB; null = no reservation")
+
+
+MOVED_TO_OPTIONS = ("path", "tiny", "init_from", "dtype", "endpoint", "api_model", "api_key_env")
+"""Keys that were top-level group settings before backends owned their options."""
+
+
+class GroupAlgorithmConfig(Strict):
+    """Per-group overrides of the update settings in ``algorithm``; unset (null) keys inherit."""
+
+    loss: Optional[str] = Field(None, description="policy loss for this group")
+    loss_agg_mode: Optional[str] = Field(None, description="how token losses are reduced for this group")
+    clip_ratio: Optional[float] = Field(None, gt=0, description="PPO clip range for this group")
+    clip_ratio_low: Optional[float] = Field(None, gt=0, description="lower clip range for this group")
+    clip_ratio_high: Optional[float] = Field(None, gt=0, description="upper clip range for this group")
+    kl_coef: Optional[float] = Field(None, ge=0, description="KL-to-reference weight for this group")
+    kl_type: Optional[str] = Field(None, description="KL estimator for this group")
+    entropy_coef: Optional[float] = Field(None, ge=0, description="entropy bonus weight for this group")
+    ppo_epochs: Optional[int] = Field(None, ge=1, description="passes over a step's turns for this group")
+    mini_batch_size: Optional[int] = Field(None, ge=0, description="turns per optimiser step for this group")
 
 
 class ModelGroupConfig(Strict):
     """One set of weights. Several roles may map to it."""
 
-    backend: str = "torch"
-    path: Optional[str] = Field(None, description="local Hugging Face model directory")
-    tiny: Optional[TinyModelConfig] = None
-    init_from: Optional[str] = Field(None, description="checkpoint dir written by unimas (e.g. `unimas sft`)")
-    trainable: bool = True
-    optim: OptimConfig = Field(default_factory=OptimConfig)
+    backend: str = Field("torch", description="registered backend that builds the group (`unimas plugins`)")
+    options: dict[str, Any] = Field(default_factory=dict, description="backend settings, validated by the backend "
+                                    "(torch: path / tiny / init_from / dtype; openai: endpoint / api_model / "
+                                    "api_key_env); relative paths are relative to the config file")
+    trainable: bool = Field(True, description="false = frozen: the group only generates")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and learning-rate schedule")
     lora: Optional[LoraConfig] = Field(None, description="set to allow LoRA adapters per role on this group")
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
-    endpoint: Optional[str] = Field(None, description="OpenAI-compatible base URL for frozen API roles (backend: openai)")
-    api_model: Optional[str] = Field(None, description="model name sent to the endpoint")
-    api_key_env: Optional[str] = Field(None, description="environment variable that holds the endpoint's API key")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Ray reservation and device")
+    algorithm: GroupAlgorithmConfig = Field(default_factory=GroupAlgorithmConfig,
+                                            description="overrides of `algorithm` update settings for this group")
 
-    @model_validator(mode="after")
-    def _one_source(self) -> "ModelGroupConfig":
-        sources = [s for s in (self.path, self.tiny, self.endpoint) if s is not None]
-        if len(sources) != 1 and self.init_from is None:
-            raise ValueError("give exactly one of 'path' (local HF dir), 'tiny' (built from config) or 'endpoint'")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            moved = [key for key in MOVED_TO_OPTIONS if key in data]
+            if moved:
+                raise ValueError(f"{', '.join(moved)} moved under 'options:' (backend settings), e.g. "
+                                 f"options: {{{moved[0]}: ...}}")
+        return data
 
 
 class GenerationConfig(Strict):
-    max_new_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    """Sampling settings of one role's turns."""
+
+    max_new_tokens: int = Field(16, ge=1, description="longest response, in tokens")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature; 0 = greedy")
+    top_k: int = Field(0, ge=0, description="sample among the k likeliest tokens; 0 = no limit")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass; 1 = no limit")
     require_eos: bool = Field(True, description="no EOS within max_new_tokens = format error")
 
 
 class RoleConfig(Strict):
     """A logical agent: a prompt template on top of a model group."""
 
-    model: str
+    model: str = Field(..., description="name of the model group (key of `models`) that generates its turns")
     adapter: Optional[str] = Field(None, description="LoRA adapter name; needs `lora` on the model group")
-    system: str = ""
-    template: str = Field(..., description="Python format string, e.g. 'S:{target}'")
-    generation: GenerationConfig = Field(default_factory=GenerationConfig)
-    eval_generation: Optional[GenerationConfig] = None
-    trainable: bool = True
-    parser: Optional[str] = Field(None, description="regex whose first group is the parsed answer")
+    system: str = Field("", description="text prepended to every rendered prompt")
+    template: str = Field(..., description="Python format string over the task and workflow variables, "
+                          "e.g. 'S:{target}'")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="sampling while training")
+    eval_generation: Optional[GenerationConfig] = Field(None, description="settings for greedy evaluation "
+                                                        "(`eval_samples: 1`); null = `generation`")
+    trainable: bool = Field(True, description="false = the role acts but its turns are never trained on")
+    parser: Optional[str] = Field(None, description="regex whose first group is the parsed answer; "
+                                  "null = the stripped text")
 
 
 class GraphNodeConfig(Strict):
-    kind: Literal["llm", "tool"]
-    role: Optional[str] = None
-    tool: Optional[str] = None
-    inputs: dict[str, str] = Field(default_factory=dict, description="template var -> expression")
-    max_visits: int = Field(1, ge=1)
+    """One step of a graph workflow: a role's turn (``llm``) or a tool call (``tool``)."""
+
+    kind: Literal["llm", "tool"] = Field(..., description="`llm` runs `role`; `tool` calls `tool`")
+    role: Optional[str] = Field(None, description="role that acts (llm nodes only)")
+    tool: Optional[str] = Field(None, description="registered tool to call (tool nodes only)")
+    inputs: dict[str, str] = Field(default_factory=dict, description="template var / tool argument -> expression")
+    max_visits: int = Field(1, ge=1, description="times the node may run in one episode (> 1 allows loops)")
 
 
 class GraphEdgeConfig(Strict):
-    source: str = Field(..., alias="from")
-    target: str = Field(..., alias="to")
-    when: Optional[str] = None
+    """A transition; a node's edges are tried in order and the first allowed one is followed."""
+
+    source: str = Field(..., alias="from", description="node the edge leaves")
+    target: str = Field(..., alias="to", description="node the edge enters")
+    when: Optional[str] = Field(None, description="condition expression; null = always")
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class GraphConfig(Strict):
-    start: str
-    nodes: dict[str, GraphNodeConfig]
-    edges: list[GraphEdgeConfig] = Field(default_factory=list)
+    """An inline workflow: nodes, edges and the outcome expressions (see ``unimas.workflow.graph``)."""
+
+    start: str = Field(..., description="node that runs first")
+    nodes: dict[str, GraphNodeConfig] = Field(..., description="node name -> node")
+    edges: list[GraphEdgeConfig] = Field(default_factory=list, description="transitions, tried in order")
     outcome: dict[str, str] = Field(default_factory=dict, description="outcome key -> expression")
-    max_steps: int = Field(32, ge=1)
+    max_steps: int = Field(32, ge=1, description="most node runs per episode")
 
 
 class WorkflowConfig(Strict):
-    name: Optional[str] = None
-    graph: Optional[GraphConfig] = None
-    params: dict[str, Any] = Field(default_factory=dict)
+    """How one episode runs: a registered Python workflow (``name``) or an inline ``graph``."""
+
+    name: Optional[str] = Field(None, description="registered workflow (`unimas plugins`)")
+    graph: Optional[GraphConfig] = Field(None, description="inline declarative workflow")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments bound to the workflow")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "WorkflowConfig":
@@ -136,148 +167,134 @@ class WorkflowConfig(Strict):
 
 
 class DataConfig(Strict):
-    name: str
-    params: dict[str, Any] = Field(default_factory=dict)
-    eval_params: Optional[dict[str, Any]] = None
+    """The task source: a registered dataset called with ``split``, ``seed`` and ``params``."""
+
+    name: str = Field(..., description="registered dataset (`unimas plugins`)")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the dataset")
+    eval_params: Optional[dict[str, Any]] = Field(None, description="arguments for the eval split; null = `params`")
 
 
 class RewardConfig(Strict):
-    name: str
-    level: Literal["trajectory", "role", "turn"] = "trajectory"
-    weight: float = 1.0
+    """One reward term; a turn's reward is the weighted sum of the terms that reach it."""
+
+    name: str = Field(..., description="registered reward function (`unimas plugins`)")
+    level: Literal["trajectory", "role", "turn"] = Field(
+        "trajectory", description="what the function scores: the episode, each role, or each turn")
+    weight: float = Field(1.0, description="multiplier of this term in the summed reward")
     roles: Optional[list[str]] = Field(None, description="roles that receive it; default all")
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward function")
 
 
 class AlgorithmConfig(Strict):
-    estimator: str = "grpo"
-    grouping: Literal["role", "role_turn", "trajectory"] = "role"
-    group_size: int = Field(8, ge=1)
-    norm_by_std: bool = True
-    loss: str = "vanilla"
-    loss_agg_mode: str = "token-mean"
-    clip_ratio: float = Field(0.2, gt=0)
-    clip_ratio_low: Optional[float] = None
-    clip_ratio_high: Optional[float] = None
-    kl_coef: float = Field(0.0, ge=0)
-    kl_type: str = "low_var_kl"
-    entropy_coef: float = Field(0.0, ge=0)
-    ppo_epochs: int = Field(1, ge=1)
+    """Credit assignment and the policy update (names resolve in plugins, then verl's registries)."""
+
+    estimator: str = Field("grpo", description="advantage estimator: a plugin's or verl's (grpo, rloo, ...)")
+    grouping: Literal["role", "role_turn", "trajectory"] = Field(
+        "role", description="turns normalised together per task: by role, by role and turn index, or all")
+    group_size: int = Field(8, ge=1, description="episodes per task per step (G)")
+    norm_by_std: bool = Field(True, description="divide group-centred rewards by the group std")
+    loss: str = Field("vanilla", description="policy loss: a plugin's or verl's (vanilla = PPO clip, gspo, ...)")
+    loss_agg_mode: str = Field("token-mean", description="verl reduction of token losses: token-mean, token-sum, "
+                               "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm")
+    clip_ratio: float = Field(0.2, gt=0, description="PPO clip range (both sides unless overridden)")
+    clip_ratio_low: Optional[float] = Field(None, description="lower clip range; null = `clip_ratio`")
+    clip_ratio_high: Optional[float] = Field(None, description="upper clip range; null = `clip_ratio`")
+    kl_coef: float = Field(0.0, ge=0, description="weight of KL to the initial (reference) policy; 0 = off")
+    kl_type: str = Field("low_var_kl", description="KL estimator: kl/k1, abs, mse/k2, low_var_kl/k3")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight; 0 = off")
+    ppo_epochs: int = Field(1, ge=1, description="passes over a step's turns")
     mini_batch_size: int = Field(0, ge=0, description="turns per optimiser step; 0 = whole batch")
-    gamma: float = 1.0
+    gamma: float = Field(1.0, description="discount handed to the estimator (verl `AlgoConfig.gamma`)")
+
+
+class StopCondition(Strict):
+    """Ends training early (with a checkpoint) once ``metric`` crosses a threshold in a logged record."""
+
+    metric: str = Field(..., description="any metric name in metrics.jsonl, e.g. eval/accuracy or reward/mean")
+    at_least: Optional[float] = Field(None, description="stop when metric >= this")
+    at_most: Optional[float] = Field(None, description="stop when metric <= this")
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> "StopCondition":
+        if (self.at_least is None) == (self.at_most is None):
+            raise ValueError("give exactly one of 'at_least' or 'at_most'")
+        return self
+
+    def reached(self, record: dict[str, Any]) -> bool:
+        value = record.get(self.metric)
+        if not isinstance(value, (int, float)):
+            return False
+        return value >= self.at_least if self.at_least is not None else value <= self.at_most
 
 
 class TrainerConfig(Strict):
-    steps: int = Field(100, ge=0)
-    seed: int = 0
-    tasks_per_step: int = Field(32, ge=1)
-    save_every: int = Field(0, ge=0, description="0 = only at the end")
-    eval_every: int = Field(10, ge=0, description="0 = only at start and end")
-    eval_size: int = Field(64, ge=1)
-    eval_samples: int = Field(1, ge=1, description="episodes per eval task; >1 also reports pass@k")
-    sample_trajectories: int = Field(4, ge=0, description="trajectories per step written to JSONL")
-    torch_threads: int = Field(1, ge=1)
-    stop_at_accuracy: Optional[float] = Field(None, ge=0, le=1, description="end early once eval reaches this")
-    failure_budget: float = Field(0.5, ge=0, le=1, description="max fraction of failed episodes per step")
+    """The training loop: steps, evaluation, checkpoints, early stop."""
+
+    steps: int = Field(100, ge=0, description="training steps: rollouts, then one update per trainable group")
+    seed: int = Field(0, description="seeds task sampling, the dataset and torch")
+    tasks_per_step: int = Field(32, ge=1, description="tasks sampled per step; each runs `group_size` episodes")
+    save_every: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only at the end")
+    eval_every: int = Field(10, ge=0, description="evaluate every N steps; 0 = only at start and end")
+    eval_size: int = Field(64, ge=1, description="most eval tasks used (the first N of the eval split)")
+    eval_samples: int = Field(1, ge=1, description="episodes per eval task; 1 = greedy, >1 samples and reports pass@k")
+    sample_trajectories: int = Field(4, ge=0, description="trajectories per step written to JSONL; 0 = none")
+    torch_threads: int = Field(1, ge=1, description="torch CPU threads per process")
+    stop_at_accuracy: Optional[float] = Field(None, ge=0, le=1, description="shorthand for stop_when: "
+                                              "{metric: eval/accuracy, at_least: X}")
+    stop_when: Optional[StopCondition] = Field(None, description="end early once a logged metric crosses a threshold")
+    failure_budget: float = Field(0.5, ge=0, le=1, description="max fraction of failed episodes per step before "
+                                  "the run stops; 0 = none may fail")
 
 
 class RuntimeConfig(Strict):
-    kind: Literal["local", "ray"] = "local"
-    max_batch_size: int = Field(256, ge=1)
-    max_wait_ms: float = Field(5.0, ge=0)
-    max_concurrent_episodes: int = Field(1024, ge=1)
-    address: Optional[str] = None
-    restart_failed_groups: bool = False
+    """Where model groups run and how generation requests are batched."""
+
+    kind: Literal["local", "ray"] = Field("local", description="`local`: groups in this process; `ray`: one actor each")
+    max_batch_size: int = Field(256, ge=1, description="requests to one group flushed as one batch")
+    max_wait_ms: float = Field(5.0, ge=0, description="longest a request waits for its batch to fill, in ms")
+    max_concurrent_episodes: int = Field(1024, ge=1, description="episodes running at once")
+    address: Optional[str] = Field(None, description="Ray cluster to join (auto, host:port, ray://...); "
+                                   "null = start a private local one")
+    restart_failed_groups: bool = Field(False, description="restart a failed group from the last checkpoint "
+                                        "and retry once, instead of stopping the run")
 
 
 class LoggingConfig(Strict):
-    console: bool = True
-    tensorboard: bool = False
-    wandb: Optional[dict[str, Any]] = None
-    report: bool = True
+    """Where metrics go besides ``metrics.jsonl`` in the run directory."""
+
+    console: bool = Field(True, description="live progress and metrics in the terminal")
+    tensorboard: bool = Field(False, description="TensorBoard events under `RUN_DIR/tensorboard`")
+    wandb: Optional[dict[str, Any]] = Field(None, description="Weights & Biases: these keys go to `wandb.init`; "
+                                            "null = off")
+    report: bool = Field(True, description="write report.html and plots when training ends")
 
 
 class ExperimentConfig(Strict):
-    name: str = "experiment"
-    plugins: list[str] = Field(default_factory=list)
-    models: dict[str, ModelGroupConfig]
-    roles: dict[str, RoleConfig]
-    workflow: WorkflowConfig
-    data: DataConfig
-    rewards: list[RewardConfig] = Field(default_factory=list)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    """A whole experiment: one YAML file."""
 
+    name: str = Field("experiment", description="run name; run directories are `runs/<name>-<timestamp>`")
+    plugins: list[str] = Field(default_factory=list, description="extra plugin modules to import, besides "
+                               "installed entry points")
+    models: dict[str, ModelGroupConfig] = Field(..., min_length=1, description="model group name -> weights")
+    roles: dict[str, RoleConfig] = Field(..., min_length=1, description="role name -> agent")
+    workflow: WorkflowConfig = Field(..., description="how one episode runs")
+    data: DataConfig = Field(..., description="where tasks come from")
+    rewards: list[RewardConfig] = Field(default_factory=list, description="reward terms, summed per turn")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="credit and policy update")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="the training loop")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="where groups run, batching")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
 
-def _parse_scalar(text: str) -> Any:
-    """Interpret a ``--set`` value the way YAML would (numbers, bools, null, lists)."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+    @property
+    def stop_condition(self) -> Optional[StopCondition]:
+        """``trainer.stop_when``, or the ``stop_at_accuracy`` shorthand spelled out."""
+        if self.trainer.stop_when is not None:
+            return self.trainer.stop_when
+        if self.trainer.stop_at_accuracy is not None:
+            return StopCondition(metric="eval/accuracy", at_least=self.trainer.stop_at_accuracy)
+        return None
 
-
-def apply_override(tree: dict, assignment: str) -> None:
-    if "=" not in assignment:
-        raise UserError(f"override '{assignment}' must look like key.path=value", where="--set")
-    path, value = assignment.split("=", 1)
-    keys = path.strip().split(".")
-    node = tree
-    for key in keys[:-1]:
-        child = node.get(key)
-        if child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
-            raise UserError(f"'{key}' in '{path}' is not a mapping", where="--set")
-        node = child
-    node[keys[-1]] = _parse_scalar(value)
-
-
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (check spelling; unknown keys are errors)"
-        lines.append(f"  {loc}: {msg}")
-    return f"invalid config {source}:\n" + "\n".join(lines)
-
-
-def config_from_dict(tree: dict, source: str = "<dict>") -> ExperimentConfig:
-    try:
-        return ExperimentConfig.model_validate(tree)
-    except ValidationError as exc:
-        raise UserError(format_validation_error(exc, source)) from None
-
-
-def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
-    path = Path(path)
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError("config file not found", where=str(path)) from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"not valid YAML: {exc}", where=str(path)) from None
-    if not isinstance(tree, dict):
-        raise UserError("the config must be a YAML mapping", where=str(path))
-    for assignment in overrides:
-        apply_override(tree, assignment)
-    config = config_from_dict(tree, str(path))
-    return _resolve_relative_paths(config, path.parent)
-
-
-def _resolve_relative_paths(config: ExperimentConfig, base: Path) -> ExperimentConfig:
-    """Model paths in a config are relative to the config file, not the cwd."""
-    for group in config.models.values():
-        for attr in ("path", "init_from"):
-            value = getattr(group, attr)
-            if value and not Path(value).is_absolute() and (base / value).exists():
-                setattr(group, attr, str((base / value).resolve()))
-    return config
-
-
-def dump_config(config: ExperimentConfig) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json", by_alias=True), sort_keys=False)
+    def algorithm_for(self, group: str) -> AlgorithmConfig:
+        """The global ``algorithm`` with ``models.<group>.algorithm`` overrides applied."""
+        overrides = self.models[group].algorithm.model_dump(exclude_none=True)
+        return self.algorithm.model_copy(update=overrides) if overrides else self.algorithm

@@ -20,8 +20,15 @@ from typing import IO, Any, Literal
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from unimas.config import ExperimentConfig
@@ -36,12 +43,26 @@ def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, (int, float)) else "–"
 
 
+def eval_reward_label(config: ExperimentConfig) -> str:
+    """Console name of ``eval/accuracy``: the primary reward's mean, which may be graded, so not "accuracy".
+
+    The primary reward is the first trajectory-level entry, keyed ``name#index`` when names repeat
+    (as the reward values are stored).
+    """
+    names = [r.name for r in config.rewards]
+    for index, spec in enumerate(config.rewards):
+        if spec.level == "trajectory":
+            return f"eval reward ({spec.name if names.count(spec.name) == 1 else f'{spec.name}#{index}'})"
+    return "eval reward"
+
+
 class ConsoleLogger:
     """Shows training (``mode="train"``) or evaluation (``mode="eval"``) progress; call ``log`` per record."""
 
     def __init__(self, config: ExperimentConfig, run_dir: RunDir, stream: IO[str] | None = None,
                  mode: Literal["train", "eval"] = "train"):
         self.config = config
+        self.eval_label = eval_reward_label(config)
         self.mode = mode
         self.total = config.trainer.steps if mode == "train" else None
         self.enabled = config.logging.console
@@ -85,11 +106,11 @@ class ConsoleLogger:
         if "reward/mean" in record:
             parts.append(f"reward {record['reward/mean']:.3f}")
         if "eval/accuracy" in record:
-            parts.append(f"eval/accuracy {record['eval/accuracy']:.3f}")
+            parts.append(f"{self.eval_label} {record['eval/accuracy']:.3f}")
         roles = [f"{r} {record[f'eval/role/{r}/reward_mean']:.2f}" for r in self.config.roles
                  if f"eval/role/{r}/reward_mean" in record]
         if roles:
-            parts.append("eval by role: " + ", ".join(roles))
+            parts.append("eval role reward: " + ", ".join(roles))
         parts.append(f"{time.perf_counter() - self.started:.1f}s")
         return " | ".join(parts)
 
@@ -124,6 +145,6 @@ class ConsoleLogger:
         if "reward/mean" in self.last_train:
             parts.append(f"reward {self.last_train['reward/mean']:.3f}")
         if "eval/accuracy" in self.last_eval:
-            parts.append(f"eval/accuracy {self.last_eval['eval/accuracy']:.3f} (step {self.last_eval['step']})")
+            parts.append(f"{self.eval_label} {self.last_eval['eval/accuracy']:.3f} (step {self.last_eval['step']})")
         self.console.print(" | ".join(parts), markup=False)
         self.console.file.flush()

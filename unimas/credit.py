@@ -1,127 +1,185 @@
-"""From rewards to one advantage per trainable turn, in three pluggable steps.
+"""From rewards to one advantage per trainable turn: the one credit path.
 
-1. **Reward allocation** (:func:`score_episode`, :func:`turn_credit`). Each
-   reward plugin scores an episode at the level its config entry names. The
-   credit of a turn ``t`` of role ``r`` is::
+:meth:`CreditAssigner.assign` takes a step's trajectories and runs three
+stages, writing each turn's ``reward`` and ``advantage`` exactly once:
 
-       credit(t) = sum over trajectory rewards  w * R
+1. **Reward allocation** (:meth:`CreditAssigner.allocate`, also used alone by
+   evaluation). Each reward plugin scores an episode at the level its config
+   entry names; the reward of a turn ``t`` of role ``r`` is::
+
+       reward(t) = sum over trajectory rewards  w * R
                  + sum over role rewards        w * R[r]
                  + sum over turn rewards        w * R[t.id]
 
-   where a reward entry with ``roles: [...]`` only reaches turns of those
-   roles. A failed episode (workflow exception) scores 0 everywhere.
-2. **Grouping** (:func:`group_key`). Decides which turns are normalised
-   together: ``role`` — all turns of one role across the G episodes of one
-   task (default); ``role_turn`` — additionally split by the role's turn
-   index; ``trajectory`` — all turns of the task's G episodes together.
-3. **Estimation** (:func:`estimate_advantages`). One scalar credit per turn
-   goes through an estimator with verl's signature, taken from the plugin
-   registry first and verl's ``core_algos`` registry second (grpo, rloo,
-   reinforce_plus_plus, ...). The advantage is broadcast over the turn's
-   response tokens by the backend.
+   where an entry with ``roles: [...]`` only reaches turns of those roles. A
+   failed episode (workflow or reward exception) scores 0 everywhere.
+2. **Grouping** (``algorithm.grouping``): which turns are normalised together
+   — ``role``: all turns of one role across the G episodes of one task;
+   ``role_turn``: also split by the role's turn index; ``trajectory``: all
+   turns of the task's G episodes together.
+3. **Estimation**: the turns' rewards go through the estimator (plugin or
+   verl, see :mod:`unimas.algorithms`) as a ``(turns, 1)`` tensor; the
+   backend broadcasts each advantage over the turn's response tokens.
+
+The diagnostics (per-reward per-role means, zero-variance groups, advantage
+spread) are computed here, once, and returned with the credited turns.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from unimas import verl_compat
-from unimas.config import AlgorithmConfig, RewardConfig
-from unimas.errors import UserError
-from unimas.registry import Registry
+from unimas.algorithms import Estimator
+from unimas.config import ExperimentConfig, RewardConfig
+from unimas.errors import UserError, describe
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 
 def reward_keys(rewards: Sequence[RewardConfig]) -> list[str]:
-    """Stable names under which each reward entry's value is stored."""
+    """Stable names under which each reward entry's value is stored (``name``, or ``name#i`` when repeated)."""
     counts = Counter(r.name for r in rewards)
     return [r.name if counts[r.name] == 1 else f"{r.name}#{i}" for i, r in enumerate(rewards)]
-
-
-def score_episode(
-    trajectory: GraphTrajectory, rewards: Sequence[RewardConfig], functions: Mapping[str, Callable[..., Any]]
-) -> None:
-    """Run every reward plugin on one episode; values land in ``trajectory.rewards``."""
-    for key, spec in zip(reward_keys(rewards), rewards):
-        if trajectory.failed:
-            trajectory.rewards[key] = 0.0 if spec.level == "trajectory" else {}
-            continue
-        value = functions[spec.name](trajectory, trajectory.task, **spec.params)
-        if spec.level == "trajectory":
-            if not isinstance(value, (int, float)):
-                raise UserError(f"reward '{spec.name}' returned {type(value).__name__}; "
-                                "at level 'trajectory' it must return a number", where=f"rewards.{key}")
-            value = float(value)
-        elif not isinstance(value, Mapping):
-            raise UserError(f"reward '{spec.name}' returned {type(value).__name__}; at level '{spec.level}' it "
-                            f"must return a dict of {spec.level} -> number", where=f"rewards.{key}")
-        else:
-            value = {str(k): float(v) for k, v in value.items()}
-        trajectory.rewards[key] = value
-
-
-def turn_credit(trajectory: GraphTrajectory, turn: TurnNode, rewards: Sequence[RewardConfig]) -> float:
-    total = 0.0
-    for key, spec in zip(reward_keys(rewards), rewards):
-        if spec.roles is not None and turn.role not in spec.roles:
-            continue
-        value = trajectory.rewards.get(key, 0.0)
-        if spec.level == "trajectory":
-            total += spec.weight * value
-        elif spec.level == "role":
-            total += spec.weight * value.get(turn.role, 0.0)
-        else:
-            total += spec.weight * value.get(turn.id, 0.0)
-    return total
-
-
-def group_key(grouping: str, task_uid: str, turn: TurnNode) -> str:
-    if grouping == "role":
-        return f"{task_uid}|{turn.role}"
-    if grouping == "role_turn":
-        return f"{task_uid}|{turn.role}|{turn.role_turn_index}"
-    return task_uid
 
 
 @dataclass
 class CreditedTurn:
     trajectory: GraphTrajectory
     turn: TurnNode
-    credit: float
     key: str
-    advantage: float = 0.0
+    """Group key: turns with the same key are normalised together."""
+
+    @property
+    def reward(self) -> float:
+        return self.turn.reward
+
+    @property
+    def advantage(self) -> float:
+        return self.turn.advantage
 
 
-def resolve_estimator(name: str, registry: Registry) -> Callable[..., Any] | str:
-    if registry.has("estimators", name):
-        return registry.get("estimators", name)
-    if name in verl_compat.estimator_names():
-        return name
-    known = sorted(set(registry.names("estimators")) | set(verl_compat.estimator_names()))
-    raise UserError(f"unknown estimator '{name}'. Known: {', '.join(known)}", where="algorithm.estimator")
+@dataclass
+class Credit:
+    turns: list[CreditedTurn] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
-def estimate_advantages(
-    turns: list[CreditedTurn], algorithm: AlgorithmConfig, estimator: Callable[..., Any] | str
-) -> dict[str, float]:
-    """Fill ``advantage`` on every turn; returns grouping diagnostics."""
-    if not turns:
-        return {}
-    scores = torch.tensor([[t.credit] for t in turns], dtype=torch.float32)
-    mask = torch.ones_like(scores)
-    index = np.array([t.key for t in turns], dtype=object)
-    advantages = verl_compat.compute_estimator(
-        estimator, scores, mask, index, norm_by_std=algorithm.norm_by_std, gamma=algorithm.gamma
-    )
-    for turn, value in zip(turns, advantages[:, 0].tolist()):
-        turn.advantage = value
-    by_key: dict[str, list[float]] = {}
-    for t in turns:
-        by_key.setdefault(t.key, []).append(t.credit)
-    zero_var = sum(1 for v in by_key.values() if max(v) - min(v) < 1e-8)
-    return {"zero_variance_groups": zero_var / len(by_key)}
+class CreditAssigner:
+    """Owns a run's reward entries, reward functions, trainable roles, grouping and estimator."""
+
+    def __init__(self, config: ExperimentConfig, functions: Mapping[str, Callable[..., Any]], estimator: Estimator):
+        self.config = config
+        self.entries = list(zip(reward_keys(config.rewards), config.rewards))
+        self.functions = functions
+        self.estimator = estimator
+        self.trainable_roles = {name for name, role in config.roles.items()
+                                if role.trainable and config.models[role.model].trainable}
+
+    # -- 1. allocation ------------------------------------------------------
+    def _score(self, trajectory: GraphTrajectory, key: str, spec: RewardConfig) -> Any:
+        """One reward plugin on one episode, its return value checked against the level."""
+        value = self.functions[spec.name](trajectory, trajectory.task, **spec.params)
+        where = f"rewards.{key}"
+        if spec.level == "trajectory":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UserError(f"reward '{spec.name}' returned {type(value).__name__}; at level 'trajectory' it "
+                                "must return a number", where=where)
+            return float(value)
+        if not isinstance(value, Mapping):
+            raise UserError(f"reward '{spec.name}' returned {type(value).__name__}; at level '{spec.level}' it "
+                            f"must return a dict of {spec.level} -> number", where=where)
+        known = set(self.config.roles) if spec.level == "role" else {t.id for t in trajectory.turns()}
+        unknown = sorted(str(k) for k in value if str(k) not in known)
+        if unknown:
+            noun = "roles" if spec.level == "role" else "turn node ids in this episode"
+            raise UserError(f"reward '{spec.name}' returned {', '.join(map(repr, unknown))}, which are not {noun} "
+                            f"(known: {', '.join(sorted(known)) or 'none'}); its value would reach no turn",
+                            where=where)
+        return {str(k): float(v) for k, v in value.items()}
+
+    def allocate(self, trajectories: Sequence[GraphTrajectory]) -> dict[str, float]:
+        """Score every episode and write each turn's ``reward``; returns ``reward/<key>/<role>`` means.
+
+        A reward that raises fails its episode (recorded with the file and line
+        of the reward's code); a reward that returns the wrong shape is a
+        :class:`UserError`.
+        """
+        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for trajectory in trajectories:
+            for key, spec in self.entries:
+                if trajectory.failed:
+                    break
+                try:
+                    trajectory.rewards[key] = self._score(trajectory, key, spec)
+                except UserError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - a reward bug fails the episode, not the run
+                    trajectory.fail(f"reward '{spec.name}': {describe(exc)}", exc)
+            if trajectory.failed:
+                trajectory.rewards = {key: 0.0 if spec.level == "trajectory" else {} for key, spec in self.entries}
+            for turn in trajectory.turns():
+                turn.reward = 0.0
+                for key, spec in self.entries:
+                    if spec.roles is not None and turn.role not in spec.roles:
+                        continue
+                    value = trajectory.rewards[key]
+                    part = value if spec.level == "trajectory" else value.get(
+                        turn.role if spec.level == "role" else turn.id, 0.0)
+                    turn.reward += spec.weight * part
+                    tally = sums[f"reward/{key}/{turn.role}"]
+                    tally[0] += part
+                    tally[1] += 1
+        return {name: total / count for name, (total, count) in sums.items()}
+
+    # -- 2. grouping --------------------------------------------------------
+    def group_key(self, trajectory: GraphTrajectory, turn: TurnNode) -> str:
+        grouping = self.config.algorithm.grouping
+        if grouping == "role":
+            return f"{trajectory.task_id}|{turn.role}"
+        if grouping == "role_turn":
+            return f"{trajectory.task_id}|{turn.role}|{turn.role_turn_index}"
+        return trajectory.task_id
+
+    # -- the whole path -----------------------------------------------------
+    def assign(self, trajectories: Sequence[GraphTrajectory]) -> Credit:
+        """Allocation -> grouping -> estimation for one training step."""
+        metrics = self.allocate(trajectories)
+        turns = [CreditedTurn(t, turn, self.group_key(t, turn))
+                 for t in trajectories if not t.failed
+                 for turn in t.turns() if turn.role in self.trainable_roles and turn.response_ids]
+        if not turns:
+            return Credit([], metrics)
+        # 3. estimation
+        algorithm = self.config.algorithm
+        scores = torch.tensor([[c.turn.reward] for c in turns], dtype=torch.float32)
+        index = np.array([c.key for c in turns], dtype=object)
+        advantages = self.estimator(scores, index, norm_by_std=algorithm.norm_by_std, gamma=algorithm.gamma)
+        for credited, value in zip(turns, advantages[:, 0].tolist()):
+            credited.turn.advantage = value
+        metrics.update(_diagnostics(turns))
+        return Credit(turns, metrics)
+
+
+def _diagnostics(turns: list[CreditedTurn]) -> dict[str, float]:
+    """Share of groups whose rewards are all equal (no learning signal), overall and per role; advantage spread."""
+    rewards: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # role -> key -> rewards
+    advantages: dict[str, list[float]] = defaultdict(list)
+    for c in turns:
+        rewards[c.turn.role][c.key].append(c.turn.reward)
+        advantages[c.turn.role].append(c.turn.advantage)
+    pooled: dict[str, list[float]] = defaultdict(list)
+    metrics: dict[str, float] = {}
+    for role, groups in rewards.items():
+        flat = sum(max(values) - min(values) < 1e-8 for values in groups.values())
+        metrics[f"role/{role}/zero_variance_frac"] = flat / len(groups)
+        values = advantages[role]
+        metrics[f"role/{role}/advantage_std"] = float(np.std(values)) if len(values) > 1 else 0.0
+        for key, values in groups.items():
+            pooled[key].extend(values)
+    flat = sum(max(values) - min(values) < 1e-8 for values in pooled.values())
+    metrics["credit/zero_variance_groups"] = flat / len(pooled)
+    return metrics

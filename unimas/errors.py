@@ -1,9 +1,18 @@
-"""The one exception type the CLI turns into exit code 2.
+"""The error types the CLI turns into exit codes.
 
-Everything a user can get wrong (config, plugin names, workflow graphs, data
-files) raises :class:`UserError` with a message that names the field or file
-and says how to fix it, so the CLI never has to show a traceback for it.
+* :class:`UserError` — a mistake in user input (config, plugin, workflow or
+  reward code, data file): one paragraph naming the field or file and the
+  fix, exit code 2, never a traceback without ``--debug``.
+* :class:`RunError` — the run cannot go on although the input was fine: one
+  line, exit code 1. Its two kinds are :class:`ModelGroupError` (a group's
+  process, actor or endpoint failed) and :class:`TrainingFailed`.
 """
+
+from __future__ import annotations
+
+import sysconfig
+import traceback
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -19,4 +28,47 @@ class RunError(RuntimeError):
 
 
 class ModelGroupError(RunError):
-    """A model group (process, actor or endpoint) failed."""
+    """A model group failed in ``phase`` (generate, update, save, load, restart, start) with ``cause``.
+
+    The one failure type of every transport: the router, the trainer and the
+    CLI read ``group``, ``phase`` and ``cause`` instead of catching one
+    exception class per layer. ``note`` says what was tried (a restart, a retry).
+    """
+
+    def __init__(self, group: str, phase: str, cause: BaseException, note: str = ""):
+        self.group, self.phase, self.cause, self.note = group, phase, cause, note
+        detail = (str(cause).strip().splitlines() or [""])[0]
+        suffix = f" ({note})" if note else ""
+        super().__init__(f"model group '{group}' failed during {phase}: {type(cause).__name__}: {detail}{suffix}")
+
+    def during(self, where: str, note: str) -> "ModelGroupError":
+        """The same failure, placed in the run (``step 3``) and saying what was tried."""
+        return ModelGroupError(self.group, f"{where} ({self.phase})", self.cause, note)
+
+
+class TrainingFailed(RunError):
+    """Too many episodes failed in one step (see ``trainer.failure_budget``)."""
+
+
+_FRAMEWORK = (str(Path(__file__).resolve().parent), str(Path(sysconfig.get_paths()["stdlib"]).resolve()))
+
+
+def user_location(exc: BaseException) -> str | None:
+    """``file:line`` of the innermost traceback frame outside unimas and the standard library.
+
+    Installed libraries count only when no other frame is left. Errors in
+    workflow and reward plugins are the user's to fix, so the message points
+    at their code rather than at the framework that called it.
+    """
+    outside = [(frame.f_code.co_filename, line) for frame, line in traceback.walk_tb(exc.__traceback__)
+               if not frame.f_code.co_filename.startswith("<")  # frozen importlib, exec'd strings
+               and not str(Path(frame.f_code.co_filename).resolve()).startswith(_FRAMEWORK)]
+    own = [entry for entry in outside if "site-packages" not in entry[0]]  # prefer the user's own files
+    chosen = (own or outside or [None])[-1]
+    return f"{chosen[0]}:{chosen[1]}" if chosen else None
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a user-code exception: type, message and where it was raised."""
+    where = user_location(exc)
+    return f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")

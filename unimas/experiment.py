@@ -2,18 +2,21 @@
 
 Everything a run needs that comes from plugins — the workflow coroutine, tool
 and reward functions, the task lists, the estimator — is looked up once here,
-so `validate`, `train`, `eval` and `sft` see exactly the same objects.
+so `validate`, `train` and `eval` see exactly the same objects.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from unimas.algorithms import Estimator, resolve_estimator
 from unimas.config import ExperimentConfig
-from unimas.credit import resolve_estimator, reward_keys
+from unimas.credit import reward_keys
 from unimas.errors import UserError
 from unimas.registry import Registry, build_registry
+from unimas.workflow.graph import make_graph_workflow
 
 
 @dataclass
@@ -23,17 +26,16 @@ class Experiment:
     workflow: Callable[..., Any]
     tools: dict[str, Callable[..., Any]]
     rewards: dict[str, Callable[..., Any]]
-    estimator: Callable[..., Any] | str
+    estimator: Estimator
 
     @classmethod
     def resolve(cls, config: ExperimentConfig, registry: Registry | None = None) -> "Experiment":
         registry = registry or build_registry(config.plugins)
         if config.workflow.graph is not None:
-            from unimas.workflow.graph import make_graph_workflow
-
             workflow = make_graph_workflow(config.workflow.graph)
         else:
             workflow = registry.get("workflows", config.workflow.name, where="workflow.name")
+            _check_async(workflow, config.workflow.name, registry.provider("workflows", config.workflow.name))
             if config.workflow.params:
                 workflow = _bind_params(workflow, config.workflow.params)
         tools = {name: registry.get("tools", name) for name in registry.names("tools")}
@@ -62,6 +64,24 @@ class Experiment:
             if spec.level == "trajectory":
                 return key
         return None
+
+
+def _check_async(workflow: Callable[..., Any], name: str, provider: str) -> None:
+    """A plain ``def`` workflow would only fail at the first step with "coroutine was never awaited"."""
+    call = getattr(workflow, "__call__", None)
+    if inspect.iscoroutinefunction(workflow) or inspect.iscoroutinefunction(call):
+        return
+    where = _source(workflow)
+    raise UserError(f"workflow '{name}' from {provider} is a plain function{where}; a workflow must be "
+                    "`async def workflow(ctx, task)` so that its turns can run concurrently (use `await ctx.act(...)`)",
+                    where="workflow.name")
+
+
+def _source(obj: Any) -> str:
+    try:
+        return f" ({inspect.getsourcefile(obj)}:{inspect.getsourcelines(obj)[1]})"
+    except (TypeError, OSError):
+        return ""
 
 
 def _bind_params(workflow: Callable[..., Any], params: dict[str, Any]) -> Callable[..., Any]:

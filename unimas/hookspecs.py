@@ -13,23 +13,29 @@ and named after the hooks below. unimas finds plugins three ways:
 
 3. modules named in the experiment config under ``plugins: [my_module]``.
 
-Every "registry" hook returns a ``dict`` mapping a public name to an object.
-Names are global per kind: two plugins that provide the same workflow name is
-an error that names both providers. See ``docs/plugins.md`` for runnable
+Every hook returns a ``dict`` mapping a public name to an object whose
+shape is the Protocol in :mod:`unimas.protocols` (or, for backends,
+:class:`unimas.protocols.Backend`). Names are global per kind: two plugins that provide
+the same workflow name is an error that names both providers. A function
+named ``unimas_*`` that matches no hook below, or one that lacks
+``@unimas.hookimpl``, is an error too. See ``docs/plugins.md`` for runnable
 examples of every hook.
+
+Stability: these seven hooks and their signatures are stable (see
+``docs/plugins.md``, "What is stable").
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import pluggy
+
+from unimas.protocols import Backend, DatasetFactory, EstimatorFn, PolicyLossFn, Reward, Tool, Workflow
 
 hookspec = pluggy.HookspecMarker("unimas")
 
 
 @hookspec
-def unimas_workflows() -> dict[str, Callable[..., Any]]:
+def unimas_workflows() -> dict[str, Workflow]:
     """Return workflows by name.
 
     A workflow is an ``async def workflow(ctx, task) -> dict | None``. It calls
@@ -53,7 +59,7 @@ def unimas_workflows() -> dict[str, Callable[..., Any]]:
 
 
 @hookspec
-def unimas_rewards() -> dict[str, Callable[..., Any]]:
+def unimas_rewards() -> dict[str, Reward]:
     """Return reward functions by name.
 
     A reward is ``reward(trajectory, task, **params)`` where ``params`` comes
@@ -76,7 +82,7 @@ def unimas_rewards() -> dict[str, Callable[..., Any]]:
 
 
 @hookspec
-def unimas_tools() -> dict[str, Callable[..., Any]]:
+def unimas_tools() -> dict[str, Tool]:
     """Return tools by name.
 
     A tool is a plain or ``async`` callable taking keyword arguments and
@@ -97,7 +103,7 @@ def unimas_tools() -> dict[str, Callable[..., Any]]:
 
 
 @hookspec
-def unimas_datasets() -> dict[str, Callable[..., Any]]:
+def unimas_datasets() -> dict[str, DatasetFactory]:
     """Return dataset factories by name.
 
     A factory is ``factory(split, seed, **params) -> list[dict]``; ``split`` is
@@ -117,7 +123,7 @@ def unimas_datasets() -> dict[str, Callable[..., Any]]:
 
 
 @hookspec
-def unimas_estimators() -> dict[str, Callable[..., Any]]:
+def unimas_estimators() -> dict[str, EstimatorFn]:
     """Return advantage estimators by name, beside verl's registry.
 
     An estimator has verl's signature::
@@ -128,6 +134,10 @@ def unimas_estimators() -> dict[str, Callable[..., Any]]:
     (one credit scalar per turn) and ``index`` an array of group keys. unimas
     looks a name up here first and in verl's ``core_algos`` registry second,
     so ``grpo``, ``rloo``, ``reinforce_plus_plus`` and friends need no plugin.
+    Validation reads its facts off the signature: a parameter ``index`` means
+    it normalises within groups (``group_size`` must be >= 2); ``values`` means
+    it needs a critic, and any other required parameter unimas does not
+    provide makes it unusable — both are rejected by ``unimas validate``.
 
     Example::
 
@@ -143,18 +153,55 @@ def unimas_estimators() -> dict[str, Callable[..., Any]]:
 
 
 @hookspec
-def unimas_backends() -> dict[str, Callable[..., Any]]:
-    """Return model-group backends by name.
+def unimas_policy_losses() -> dict[str, PolicyLossFn]:
+    """Return policy losses by name, beside verl's registry.
 
-    A backend is ``factory(name, group_config, adapters, seed) -> ModelGroup``
-    (see :class:`unimas.backends.base.ModelGroup`): it owns the weights of one
-    model group, generates for every role mapped to it and updates them.
-    ``adapters`` lists the LoRA adapter names the roles on this group use;
-    ``seed`` is already specific to the group.
+    A policy loss has verl's signature::
+
+        loss_fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config) -> (loss, metrics)
+
+    on ``(turns, tokens)`` tensors; ``config`` is a verl ``ActorConfig`` with
+    the clip ratios. ``algorithm.loss`` (or ``models.<group>.algorithm.loss``)
+    names it; unimas adds the entropy bonus and the KL term around it (see
+    :func:`unimas.algorithms.compose_loss`), in every backend.
 
     Example::
 
+        def plain_pg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None):
+            per_token = -advantages * log_prob
+            loss = (per_token * response_mask).sum() / response_mask.sum()
+            return loss, {}
+
+        @unimas.hookimpl
+        def unimas_policy_losses():
+            return {"plain_pg": plain_pg}
+    """
+
+
+@hookspec
+def unimas_backends() -> dict[str, Backend]:
+    """Return model-group backends by name.
+
+    A backend is a class (usually a :class:`unimas.ModelGroup` subclass) with
+    an ``options`` pydantic model, which validates ``models.<group>.options``,
+    and a ``build(spec)`` classmethod that returns the model group for a
+    :class:`unimas.GroupSpec` (name, group config, validated options, LoRA
+    adapters, seed, the group's algorithm settings and policy loss). The group
+    owns its weights, generates for every role mapped to it and updates them.
+
+    Example::
+
+        class EchoOptions(pydantic.BaseModel):
+            suffix: str = "!"
+
+        class EchoGroup(unimas.ModelGroup):
+            options = EchoOptions
+
+            @classmethod
+            def build(cls, spec):
+                ...
+
         @unimas.hookimpl
         def unimas_backends():
-            return {"torch": TorchModelGroup.from_config}
+            return {"echo": EchoGroup}
     """

@@ -10,7 +10,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from unimas.credit import CreditedTurn
+from unimas.config import ExperimentConfig
+from unimas.credit import reward_keys
 from unimas.trajectory import GraphTrajectory
 
 
@@ -23,43 +24,54 @@ def _std(values: list[float]) -> float:
     return float(np.std(values)) if len(values) > 1 else 0.0
 
 
-def rollout_metrics(
-    trajectories: list[GraphTrajectory], credited: list[CreditedTurn], roles: Iterable[str], primary_reward: str | None
-) -> dict[str, float]:
-    """Reward, per-role and per-episode statistics of one batch of episodes."""
+def rollout_metrics(trajectories: list[GraphTrajectory], roles: Iterable[str],
+                    primary_reward: str | None) -> dict[str, float]:
+    """Reward, per-role and per-episode statistics of one batch of episodes (credit diagnostics come from credit)."""
     metrics: dict[str, float] = {}
-    episode_rewards = [
-        float(t.rewards.get(primary_reward, 0.0)) if primary_reward else 0.0 for t in trajectories
-    ]
+    episode_rewards = [float(t.rewards.get(primary_reward, 0.0)) if primary_reward else 0.0 for t in trajectories]
     metrics["reward/mean"] = _mean(episode_rewards)
     metrics["reward/std"] = _std(episode_rewards)
-    by_role: dict[str, list[CreditedTurn]] = defaultdict(list)
-    for c in credited:
-        by_role[c.turn.role].append(c)
-    all_turns = defaultdict(list)
+    turns_by_role = defaultdict(list)
     for traj in trajectories:
         for turn in traj.turns():
-            all_turns[turn.role].append(turn)
+            turns_by_role[turn.role].append(turn)
     for role in roles:
-        turns = all_turns.get(role, [])
+        turns = turns_by_role.get(role, [])
         rewards = [t.reward for t in turns if t.reward is not None]
-        advantages = [c.advantage for c in by_role.get(role, [])]
-        keys: dict[str, list[float]] = defaultdict(list)
-        for c in by_role.get(role, []):
-            keys[c.key].append(c.credit)
-        flat = [k for k, v in keys.items() if max(v) - min(v) < 1e-8]
         prefix = f"role/{role}/"
         metrics[prefix + "reward_mean"] = _mean(rewards)
         metrics[prefix + "reward_std"] = _std(rewards)
-        metrics[prefix + "advantage_std"] = _std(advantages)
+        metrics[prefix + "advantage_std"] = 0.0  # credit overwrites both for roles with trainable turns
+        metrics[prefix + "zero_variance_frac"] = 0.0
         metrics[prefix + "format_error_rate"] = _mean([float(t.parse_error is not None) for t in turns])
         metrics[prefix + "response_length"] = _mean([float(len(t.response_ids)) for t in turns])
-        metrics[prefix + "zero_variance_frac"] = len(flat) / len(keys) if keys else 0.0
         metrics[prefix + "turns"] = float(len(turns))
     metrics["episode/turns"] = _mean([float(len(t.turns())) for t in trajectories])
     metrics["episode/tool_calls"] = _mean([float(len(t.tool_calls())) for t in trajectories])
     metrics["episode/failures"] = float(sum(t.failed for t in trajectories))
     metrics["episode/wall_s"] = _mean([t.ended - t.started for t in trajectories])
+    return metrics
+
+
+def evaluation_metrics(trajectories: list[GraphTrajectory], config: ExperimentConfig, primary_reward: str | None,
+                       samples: int) -> dict[str, float]:
+    """``eval/*``: trajectory-level rewards, the primary one as ``eval/accuracy``, pass@k, per-role rewards."""
+    metrics: dict[str, float] = {}
+    for key, spec in zip(reward_keys(config.rewards), config.rewards):
+        if spec.level == "trajectory":
+            metrics[f"eval/reward/{key}"] = _mean([t.rewards[key] for t in trajectories])
+    if primary_reward is not None:
+        metrics["eval/accuracy"] = metrics[f"eval/reward/{primary_reward}"]
+        if samples > 1:
+            by_task: dict[str, list[float]] = defaultdict(list)
+            for t in trajectories:
+                by_task[t.task_id].append(t.rewards[primary_reward])
+            metrics[f"eval/pass@{samples}"] = sum(max(v) >= 1.0 for v in by_task.values()) / len(by_task)
+    for role in config.roles:
+        turns = [turn for t in trajectories for turn in t.turns(role)]
+        if turns:
+            metrics[f"eval/role/{role}/reward_mean"] = _mean([t.reward for t in turns])
+    metrics["eval/failures"] = float(sum(t.failed for t in trajectories))
     return metrics
 
 

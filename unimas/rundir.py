@@ -55,13 +55,21 @@ class RunDir:
         return self.root / "checkpoints" / f"step_{step:06d}"
 
     def latest_checkpoint(self) -> Path | None:
-        complete = sorted(p.parent for p in (self.root / "checkpoints").glob("step_*/COMPLETE"))
+        complete = sorted(p.parent for p in (self.root / "checkpoints").glob(f"step_*/{COMPLETE}"))
         return complete[-1] if complete else None
+
+    @staticmethod
+    def is_complete(checkpoint: Path) -> bool:
+        return (Path(checkpoint) / COMPLETE).exists()
+
+
+COMPLETE = "COMPLETE"
+"""Written last into a checkpoint directory: marks it usable."""
 
 
 def write_trainer_state(directory: Path, state: dict[str, Any]) -> None:
     (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
-    (directory / "COMPLETE").write_text("ok\n")
+    (directory / COMPLETE).write_text("ok\n")
 
 
 def read_trainer_state(directory: Path) -> dict[str, Any]:

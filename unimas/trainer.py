@@ -20,59 +20,41 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
-from unimas.backends.base import TrainTurn
-from unimas.config import ExperimentConfig, dump_config
-from unimas.credit import CreditedTurn, estimate_advantages, group_key, reward_keys, score_episode, turn_credit
-from unimas.errors import ModelGroupError, RunError, UserError
+from unimas.config_file import dump_config
+from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.controller.router import Router
+from unimas.credit import CreditAssigner, CreditedTurn
+from unimas.errors import ModelGroupError, TrainingFailed, UserError
 from unimas.experiment import Experiment
-from unimas.metrics import MetricsWriter, rollout_metrics, throughput_metrics
-from unimas.runtime.controller import EpisodeSpec, run_episodes
-from unimas.runtime.router import GroupFailure, Router
+from unimas.groups.base import TrainTurn
+from unimas.groups.transport import Transport
+from unimas.metrics import MetricsWriter, evaluation_metrics, rollout_metrics, throughput_metrics
 from unimas.rundir import RunDir, read_trainer_state, write_trainer_state
 from unimas.trajectory import GraphTrajectory, write_jsonl
-
-
-class TrainingFailed(RunError):
-    """Too many episodes failed in one step (see ``trainer.failure_budget``)."""
-
-
-class GroupFailed(ModelGroupError):
-    """A model group failed during a step and was not restarted, or failed again after its restart."""
-
-    def __init__(self, failure: GroupFailure, where: str, note: str):
-        self.group, self.where, self.cause = failure.group, where, failure.cause
-        detail = (str(failure.cause).strip().splitlines() or [""])[0]
-        super().__init__(f"model group '{failure.group}' failed during {where}: "
-                         f"{type(failure.cause).__name__}: {detail} ({note})")
-
 
 T = TypeVar("T")
 
 
-def start_transport(config: ExperimentConfig, experiment: Experiment):
-    if config.runtime.kind == "ray":
-        from unimas.runtime.ray_runtime import RayTransport
-
-        return RayTransport.start(config, experiment.registry)
-    from unimas.runtime.local import LocalTransport
-
-    return LocalTransport.start(config, experiment.registry)
-
-
 class Trainer:
-    def __init__(self, experiment: Experiment, run_dir: RunDir, transport, log: Callable[[dict], None] | None = None):
+    def __init__(self, experiment: Experiment, run_dir: RunDir, transport: Transport,
+                 log: Callable[[dict], None] | None = None):
         self.experiment = experiment
         self.config = experiment.config
         self.run_dir = run_dir
         self.transport = transport
         self.log = log or (lambda record: None)
         runtime = self.config.runtime
-        self.router = Router(transport, runtime.max_batch_size, runtime.max_wait_ms / 1000)
+        self.controller = Controller(experiment.workflow, self.config.roles, self._new_router(), experiment.tools,
+                                     max_concurrent=runtime.max_concurrent_episodes)
+        self.credit = CreditAssigner(self.config, experiment.rewards, experiment.estimator)
         self.train_tasks = experiment.tasks("train")
         self.eval_tasks = experiment.tasks("eval")[: self.config.trainer.eval_size]
         self.start_step = 0
 
-    # -- episodes ---------------------------------------------------------
+    def _new_router(self) -> Router:
+        runtime = self.config.runtime
+        return Router(self.transport, runtime.max_batch_size, runtime.max_wait_ms / 1000)
+
     def _step_specs(self, step: int) -> list[EpisodeSpec]:
         trainer = self.config.trainer
         rng = random.Random(trainer.seed * 1_000_003 + step)
@@ -83,46 +65,24 @@ class Trainer:
             for i, task in enumerate(tasks) for g in range(group_size)
         ]
 
-    async def _episodes(self, specs: list[EpisodeSpec], greedy: bool) -> list[GraphTrajectory]:
-        exp = self.experiment
-        trajectories = await run_episodes(specs, exp.workflow, self.config.roles, self.router, exp.tools,
-                                          greedy=greedy, max_concurrent=self.config.runtime.max_concurrent_episodes)
-        for traj in trajectories:
-            score_episode(traj, self.config.rewards, exp.rewards)
-            for turn in traj.turns():
-                turn.reward = turn_credit(traj, turn, self.config.rewards)
-        return trajectories
-
-    def _trainable(self, role: str) -> bool:
-        spec = self.config.roles[role]
-        return spec.trainable and self.config.models[spec.model].trainable
-
-    # -- one training step ------------------------------------------------
+    # -- one training step: episodes -> credit -> group updates -> metrics ---
     async def train_step(self, step: int) -> dict[str, Any]:
         started = time.perf_counter()
-        trajectories = await self._episodes(self._step_specs(step), greedy=False)
+        trajectories = await self.controller.run(self._step_specs(step))
+        credit = self.credit.assign(trajectories)
         rollout_s = time.perf_counter() - started
         failed = sum(t.failed for t in trajectories)
         if failed > self.config.trainer.failure_budget * len(trajectories):
             first = next(t.error for t in trajectories if t.failed)
-            raise TrainingFailed(f"step {step}: {failed}/{len(trajectories)} episodes failed; first error: {first}")
-
-        credited = [
-            CreditedTurn(traj, turn, turn.reward, group_key(self.config.algorithm.grouping, traj.task_id, turn))
-            for traj in trajectories if not traj.failed
-            for turn in traj.turns() if self._trainable(turn.role) and turn.response_ids
-        ]
-        grouping = estimate_advantages(credited, self.config.algorithm, self.experiment.estimator)
-        for c in credited:
-            c.turn.advantage = c.advantage
+            raise TrainingFailed(f"step {step + 1}: {failed}/{len(trajectories)} episodes failed; first error: {first}")
 
         update_started = time.perf_counter()
-        group_metrics = await self._update_groups(credited)
+        group_metrics = await self._update_groups(credit.turns)
         update_s = time.perf_counter() - update_started
 
         metrics = {"step": step + 1}
-        metrics.update(rollout_metrics(trajectories, credited, self.config.roles, self.experiment.primary_reward))
-        metrics.update({f"credit/{k}": v for k, v in grouping.items()})
+        metrics.update(rollout_metrics(trajectories, self.config.roles, self.experiment.primary_reward))
+        metrics.update(credit.metrics)
         metrics.update(group_metrics)
         metrics.update(throughput_metrics(trajectories, group_metrics))
         metrics.update({"time/rollout_s": rollout_s, "time/update_s": update_s,
@@ -134,16 +94,13 @@ class Trainer:
         turns_by_group: dict[str, list[TrainTurn]] = defaultdict(list)
         for c in credited:
             role = self.config.roles[c.turn.role]
-            exact = role.generation.top_k == 0 and role.generation.top_p == 1.0
             turns_by_group[role.model].append(TrainTurn(
-                prompt_ids=c.turn.prompt_ids, response_ids=c.turn.response_ids,
-                old_logprobs=c.turn.logprobs if exact else [], advantage=c.advantage,
+                prompt_ids=c.turn.prompt_ids, response_ids=c.turn.response_ids, rollout_logprobs=c.turn.logprobs,
+                rollout_logprobs_exact=c.turn.logprobs_exact, advantage=c.turn.advantage,
                 temperature=role.generation.temperature or 1.0, adapter=role.adapter,
             ))
         groups = sorted(turns_by_group)
-        results = await asyncio.gather(*(
-            self.transport.update(g, turns_by_group[g], self.config.algorithm) for g in groups
-        ))
+        results = await asyncio.gather(*(self.transport.update(g, turns_by_group[g]) for g in groups))
         return {f"group/{g}/{k}": v for g, stats in zip(groups, results) for k, v in stats.items()}
 
     def _sample_trajectories(self, trajectories: list[GraphTrajectory], step: int) -> None:
@@ -157,15 +114,27 @@ class Trainer:
         write_jsonl(self.run_dir.trajectories("train"), chosen)
 
     # -- evaluation -------------------------------------------------------
-    async def evaluate(self, step: int) -> dict[str, float]:
+    async def evaluate(self, step: int, strict: bool = False) -> dict[str, float]:
+        """Greedy (or ``eval_samples``-way) episodes on the eval tasks.
+
+        ``strict``: when every episode fails, the workflow or a reward is
+        broken for every input — a :class:`UserError` naming the user's file
+        and line, not a quiet accuracy of 0.
+        """
         samples = self.config.trainer.eval_samples
         specs = [EpisodeSpec(f"eval{step}-t{i}-k{k}", f"eval-{i}", task)
                  for i, task in enumerate(self.eval_tasks) for k in range(samples)]
-        trajectories = await self._episodes(specs, greedy=samples == 1)
+        trajectories = await self.controller.run(specs, greedy=samples == 1)
+        self.credit.allocate(trajectories)
+        if strict and all(t.failed for t in trajectories):
+            first = trajectories[0]
+            raise UserError(f"every one of the {len(trajectories)} evaluation episodes failed; the first: "
+                            f"{first.error}. Fix the workflow or reward code (run with --debug for the traceback)",
+                            where=f"step {step} evaluation") from first.exception
         for traj in trajectories:
             traj.outcome.setdefault("_step", step)
         write_jsonl(self.run_dir.trajectories("eval"), trajectories)
-        return evaluation_metrics(trajectories, self.experiment, samples)
+        return evaluation_metrics(trajectories, self.config, self.experiment.primary_reward, samples)
 
     # -- checkpoints ------------------------------------------------------
     async def save(self, step: int) -> Path:
@@ -175,17 +144,15 @@ class Trainer:
         write_trainer_state(directory, {"step": step})
         return directory
 
-    async def resume(self) -> int:
-        directory = self.run_dir.latest_checkpoint()
-        if directory is None:
-            raise UserError("no complete checkpoint to resume from", where=str(self.run_dir.root))
+    async def load_checkpoint(self, directory: Path) -> int:
+        """Load every group from a complete checkpoint; returns its step."""
         await asyncio.gather(*(self.transport.load(g, directory / g) for g in sorted(self.config.models)))
-        self.start_step = read_trainer_state(directory)["step"]
-        return self.start_step
+        return read_trainer_state(directory)["step"]
 
     # -- the loop ---------------------------------------------------------
     async def run(self, resume: bool = False) -> list[dict[str, Any]]:
         trainer = self.config.trainer
+        stop = self.config.stop_condition
         # Models, tokenizers and imported modules live for the whole run; freezing them keeps
         # the collector's full passes (measured: ~250 ms every ~10 steps) off the step time.
         gc.collect()
@@ -195,9 +162,13 @@ class Trainer:
         history: list[dict[str, Any]] = []
         try:
             if resume:
-                await self.resume()
+                latest = self.run_dir.latest_checkpoint()
+                if latest is None:
+                    raise UserError("no complete checkpoint to resume from", where=str(self.run_dir.root))
+                self.start_step = await self._guarded("resume", lambda: self.load_checkpoint(latest))
             else:
-                record = {"step": 0, **(await self._guarded("step 0 (evaluation)", lambda: self.evaluate(0)))}
+                record = {"step": 0, **(await self._guarded("step 0 (evaluation)",
+                                                            lambda: self.evaluate(0, strict=True)))}
                 writer.write(record); history.append(record); self.log(record)
             for step in range(self.start_step, trainer.steps):
                 record = await self._guarded(f"step {step + 1}", lambda: self.train_step(step))
@@ -206,8 +177,7 @@ class Trainer:
                 if last or (trainer.eval_every and done % trainer.eval_every == 0):
                     record.update(await self._guarded(f"step {done} (evaluation)", lambda: self.evaluate(done)))
                 writer.write(record); history.append(record); self.log(record)
-                reached = (trainer.stop_at_accuracy is not None
-                           and record.get("eval/accuracy", -1.0) >= trainer.stop_at_accuracy)
+                reached = stop is not None and stop.reached(record)
                 if last or reached or (trainer.save_every and done % trainer.save_every == 0):
                     await self._guarded(f"step {done} (checkpoint)", lambda: self.save(done))
                 if reached:
@@ -217,44 +187,22 @@ class Trainer:
         return history
 
     async def _guarded(self, where: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run ``work``; a model group that fails in it stops the run with a :class:`GroupFailed`
-        naming group and step, or — with ``runtime.restart_failed_groups`` — is restarted from the
-        last complete checkpoint (initial weights if none) and ``work`` is retried once."""
+        """Run ``work``; a model group that fails in it stops the run with a :class:`ModelGroupError`
+        naming group, step and phase, or — with ``runtime.restart_failed_groups`` — is restarted from
+        the last complete checkpoint (initial weights if none) and ``work`` is retried once."""
         try:
             return await work()
-        except GroupFailure as failure:
+        except ModelGroupError as failure:
             if not self.config.runtime.restart_failed_groups:
-                raise GroupFailed(failure, where, "runtime.restart_failed_groups is off") from failure.cause
+                raise failure.during(where, "runtime.restart_failed_groups is off") from failure.cause
             group = failure.group
         latest = self.run_dir.latest_checkpoint()
         checkpoint = latest / group if latest is not None else None
         try:
             await self.transport.restart(group, checkpoint)
             # a fresh router: requests stranded by the failed attempt must not join the retry's batches
-            self.router = Router(self.transport, self.router.max_batch_size, self.router.max_wait_s)
+            self.controller.router = self._new_router()
             return await work()
-        except GroupFailure as again:
-            raise GroupFailed(again, where, f"after restarting '{group}' from "
-                              f"{checkpoint or 'its initial weights'} and retrying once") from again.cause
-
-
-def evaluation_metrics(trajectories: list[GraphTrajectory], experiment: Experiment, samples: int) -> dict[str, float]:
-    metrics: dict[str, float] = {}
-    keys = reward_keys(experiment.config.rewards)
-    for key, spec in zip(keys, experiment.config.rewards):
-        if spec.level == "trajectory":
-            metrics[f"eval/reward/{key}"] = sum(t.rewards[key] for t in trajectories) / len(trajectories)
-    primary = experiment.primary_reward
-    if primary is not None:
-        metrics["eval/accuracy"] = metrics[f"eval/reward/{primary}"]
-        if samples > 1:
-            by_task: dict[str, list[float]] = defaultdict(list)
-            for t in trajectories:
-                by_task[t.task_id].append(t.rewards[primary])
-            metrics[f"eval/pass@{samples}"] = sum(max(v) >= 1.0 for v in by_task.values()) / len(by_task)
-    for role in experiment.config.roles:
-        turns = [turn for t in trajectories for turn in t.turns(role)]
-        if turns:
-            metrics[f"eval/role/{role}/reward_mean"] = sum(t.reward for t in turns) / len(turns)
-    metrics["eval/failures"] = float(sum(t.failed for t in trajectories))
-    return metrics
+        except ModelGroupError as again:
+            raise again.during(where, f"after restarting '{group}' from {checkpoint or 'its initial weights'} "
+                               "and retrying once") from again.cause

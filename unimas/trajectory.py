@@ -27,6 +27,8 @@ class TurnNode:
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    logprobs_exact: bool = False
+    """The group's word that ``logprobs`` are its training distribution (see ``GenResult``)."""
     finished: bool = True
     parsed: Optional[str] = None
     parse_error: Optional[str] = None
@@ -67,6 +69,8 @@ class GraphTrajectory:
     started: float = 0.0
     ended: float = 0.0
     graph: nx.DiGraph = field(default_factory=nx.DiGraph)
+    exception: Optional[BaseException] = field(default=None, repr=False, compare=False)
+    """The exception behind ``error`` (not serialised): ``--debug`` shows its traceback."""
     _in_order: list[Node] = field(default_factory=list, repr=False, compare=False)
 
     def add_node(self, node: Node, consumed: Iterable[str] = ()) -> Node:
@@ -96,6 +100,11 @@ class GraphTrajectory:
 
     def tool_calls(self) -> list[ToolNode]:
         return [n for n in self.nodes() if isinstance(n, ToolNode)]
+
+    def fail(self, message: str, exception: BaseException | None = None) -> None:
+        """Mark the episode failed; the first failure is the one reported."""
+        if self.error is None:
+            self.error, self.exception = message, exception
 
     @property
     def failed(self) -> bool:

@@ -7,37 +7,40 @@ them all.
 
 from __future__ import annotations
 
-from pathlib import Path
+import re
 
-from unimas import verl_compat
+from unimas import algorithms
 from unimas.config import ExperimentConfig
 from unimas.errors import UserError
 from unimas.experiment import Experiment
+from unimas.groups.build import backend_options
 from unimas.registry import Registry, build_registry
+from unimas.report.data import model_mapping
+from unimas.workflow.graph import check_graph
 from unimas.workflow.templates import template_fields
-
-GROUP_NORMALISED = {"grpo", "grpo_vectorized", "grpo_passk", "gdpo", "rloo", "rloo_vectorized", "opo",
-                    "reinforce_plus_plus_baseline", "gpg"}
-NEEDS_CRITIC = {"gae"}
-NEEDS_EXTRA_INPUTS = {"remax", "optimal_token_baseline", "tir_optimal_token_baseline"}
 
 
 def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     add = lambda where, message: problems.append((where, message))  # noqa: E731
 
+    losses = algorithms.policy_losses(registry)
     for name, group in config.models.items():
         if not registry.has("backends", group.backend):
             add(f"models.{name}.backend", f"unknown backend '{group.backend}'; registered: "
-                f"{', '.join(registry.names('backends'))}")
-        if (group.backend == "openai") != (group.endpoint is not None):
-            add(f"models.{name}.endpoint", "an 'endpoint' goes with backend: openai, and backend: openai needs one")
-        if group.endpoint is not None and group.trainable:
-            add(f"models.{name}.trainable", "a group served by an API endpoint cannot train; set trainable: false")
-        for attr in ("path", "init_from"):
-            value = getattr(group, attr)
-            if value and not Path(value).is_dir():
-                add(f"models.{name}.{attr}", f"directory '{value}' does not exist (paths are relative to the config file)")
+                f"{', '.join(registry.names('backends'))}{registry.broken_hint()}")
+            continue
+        backend = registry.get("backends", group.backend)
+        try:
+            backend_options(config, registry, name)
+        except UserError as exc:
+            add(f"models.{name}.options", str(exc))
+        if group.trainable and not getattr(backend, "can_train", True):
+            add(f"models.{name}.trainable", f"backend '{group.backend}' only generates; set trainable: false")
+        loss = config.algorithm_for(name).loss
+        if group.trainable and loss not in losses:
+            where = f"models.{name}.algorithm.loss" if group.algorithm.loss else "algorithm.loss"
+            add(where, f"unknown policy loss '{loss}'; known: {', '.join(sorted(losses))}{registry.broken_hint()}")
 
     for name, role in config.roles.items():
         where = f"roles.{name}"
@@ -49,6 +52,11 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
         if role.adapter and group.lora is None:
             add(f"{where}.adapter", f"role uses LoRA adapter '{role.adapter}' but model group '{role.model}' has no "
                 "'lora' section; add models.{0}.lora: {{r: 8}} or drop the adapter".format(role.model))
+        if (group.lora is not None and not role.adapter and role.trainable and group.trainable
+                and not group.lora.train_base):
+            add(f"{where}.adapter", f"model group '{role.model}' trains LoRA adapters only, and this role has none, so "
+                f"it would train nothing; give it one (adapter: {name}), or set trainable: false to act with the "
+                "frozen base, or lora.train_base: true")
         if role.trainable and not group.trainable:
             add(f"{where}.trainable", f"model group '{role.model}' is frozen (trainable: false); "
                 f"set roles.{name}.trainable: false")
@@ -57,11 +65,17 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
                 template_fields(getattr(role, attr))
             except ValueError as exc:
                 add(f"{where}.{attr}", str(exc))
+        if role.parser is not None:
+            try:
+                re.compile(role.parser)
+            except re.error as exc:
+                add(f"{where}.parser", f"invalid regular expression {role.parser!r}: {exc}")
 
     for index, reward in enumerate(config.rewards):
         where = f"rewards[{index}]"
         if not registry.has("rewards", reward.name):
-            add(f"{where}.name", f"unknown reward '{reward.name}'; registered: {', '.join(registry.names('rewards'))}")
+            add(f"{where}.name", f"unknown reward '{reward.name}'; registered: {', '.join(registry.names('rewards'))}"
+                f"{registry.broken_hint()}")
         for role in reward.roles or []:
             if role not in config.roles:
                 add(f"{where}.roles", f"role '{role}' is not declared under 'roles'")
@@ -70,26 +84,28 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
 
     if config.workflow.name is not None and not registry.has("workflows", config.workflow.name):
         add("workflow.name", f"unknown workflow '{config.workflow.name}'; registered: "
-            f"{', '.join(registry.names('workflows'))}")
+            f"{', '.join(registry.names('workflows'))}{registry.broken_hint()}")
     if not registry.has("datasets", config.data.name):
-        add("data.name", f"unknown dataset '{config.data.name}'; registered: {', '.join(registry.names('datasets'))}")
+        add("data.name", f"unknown dataset '{config.data.name}'; registered: "
+            f"{', '.join(registry.names('datasets'))}{registry.broken_hint()}")
 
     algo = config.algorithm
-    if algo.estimator in NEEDS_CRITIC | NEEDS_EXTRA_INPUTS:
-        add("algorithm.estimator", f"'{algo.estimator}' needs a critic or extra rollout inputs unimas does not "
-            "produce; use grpo, rloo, reinforce_plus_plus or a plugin estimator")
-    elif not registry.has("estimators", algo.estimator) and algo.estimator not in verl_compat.estimator_names():
-        add("algorithm.estimator", f"unknown estimator '{algo.estimator}'")
-    if algo.estimator in GROUP_NORMALISED and algo.group_size < 2:
+    estimators = algorithms.estimators(registry)
+    estimator = estimators.get(algo.estimator)
+    if estimator is None:
+        add("algorithm.estimator", f"unknown estimator '{algo.estimator}'; known: {', '.join(sorted(estimators))}"
+            f"{registry.broken_hint()}")
+    elif not estimator.usable:
+        needs = "a critic (value estimates)" if estimator.needs_critic else ", ".join(estimator.missing_inputs)
+        usable = ", ".join(sorted(name for name, e in estimators.items() if e.usable))
+        add("algorithm.estimator", f"'{algo.estimator}' needs {needs}, which unimas does not produce; use one of "
+            f"{usable} or a plugin estimator")
+    elif estimator.group_normalised and algo.group_size < 2:
         add("algorithm.group_size", f"'{algo.estimator}' normalises within groups; group_size must be >= 2")
-    if algo.loss not in verl_compat.policy_loss_names():
-        add("algorithm.loss", f"unknown policy loss '{algo.loss}'; verl has: {', '.join(verl_compat.policy_loss_names())}")
     return problems
 
 
 def check_graph_workflow(config: ExperimentConfig, registry: Registry, task_keys: set[str] | None):
-    from unimas.workflow.graph import check_graph
-
     return check_graph(config.workflow.graph, config.roles, set(registry.names("tools")), task_keys)
 
 
@@ -108,6 +124,7 @@ def validate(config: ExperimentConfig, registry: Registry | None = None) -> Expe
 
 
 def summary(experiment: Experiment) -> str:
+    """What `unimas validate` prints: the mapping (as the report header shows it), workflow, algorithm."""
     config = experiment.config
     lines = ["roles -> model groups:"]
     for name, role in config.roles.items():
@@ -116,19 +133,12 @@ def summary(experiment: Experiment) -> str:
             extras.append("frozen")
         lines.append(f"  {name} -> {role.model}" + (f" ({', '.join(extras)})" if extras else ""))
     lines.append("model groups:")
-    for name, group in config.models.items():
-        roles = [r for r, spec in config.roles.items() if spec.model == name]
-        adapters = sorted({config.roles[r].adapter for r in roles if config.roles[r].adapter})
-        if not group.trainable:
-            scheme = "frozen"
-        elif adapters:
-            scheme = f"LoRA adapter per role on one base ({', '.join(adapters)})"
-        elif len(roles) > 1:
-            scheme = f"shared by {len(roles)} roles"
-        else:
-            scheme = "one role (separate)"
-        source = group.path or group.init_from or group.endpoint or f"tiny {group.tiny.architecture}"
-        lines.append(f"  {name}: {scheme}; backend {group.backend}; {source}; roles: {', '.join(roles) or 'none'}")
+    for row in model_mapping(config.model_dump(mode="json")):
+        options = config.models[row.group].options
+        source = next((f"{key} {options[key]}" for key in ("path", "init_from", "endpoint") if key in options),
+                      "tiny model" if "tiny" in options else "")
+        lines.append(f"  {row.group}: {row.scheme}; backend {row.backend}; {source}; "
+                     f"roles: {', '.join(row.roles) or 'none'}")
     if config.workflow.graph is not None:
         graph = config.workflow.graph
         lines.append(f"workflow: graph with {len(graph.nodes)} nodes, {len(graph.edges)} edges, start '{graph.start}'")

@@ -2,10 +2,11 @@
 
 Everything here tolerates a run that was killed mid-way: torn last lines in
 ``metrics.jsonl`` or the trajectory files are skipped, and a missing
-``config.yaml`` only costs the role list (it is then read off the metric
-names). Episodes are slimmed for the viewer (token ids and log-probs dropped,
-long texts cut) and laid out in layers by topological depth, so the page only
-has to draw boxes at given grid positions.
+``config.yaml`` only costs the role-to-model mapping and the role list (it is
+then read off the metric names). Episodes are slimmed for the viewer (token ids
+and log-probs dropped, long texts cut, tasks labelled by the dataset's own id)
+and laid out in layers by topological depth, so the page only has to draw
+boxes at given grid positions.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ PER_OUTCOME = 4
 
 
 @dataclass
+class GroupMapping:
+    """How one model group's weights are used, so a reader sees what is shared, separate or frozen."""
+
+    group: str
+    backend: str
+    roles: list[str]
+    frozen_roles: list[str]
+    scheme: str
+
+
+@dataclass
 class RunData:
     root: Path
     name: str
@@ -37,6 +49,10 @@ class RunData:
     roles: list[str]
     groups: list[str]
     planned_steps: int | None
+    primary_reward: str | None = None
+    """Key of the first trajectory-level reward: what ``eval/accuracy`` holds the mean of."""
+    mapping: list[GroupMapping] = field(default_factory=list)
+    """One row per model group from config.yaml; empty when the config is missing."""
     episodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Split ("train" / "eval") -> slimmed episodes, as the viewer reads them."""
 
@@ -55,7 +71,8 @@ def load_run(root: Path) -> RunData:
     groups = sorted(set(_names(records, "group/", 1)) | set(config.get("models") or {}))
     primary = _primary_reward(config.get("rewards") or [])
     run = RunData(root=root, name=str(config.get("name") or root.name), records=records, roles=roles,
-                  groups=groups, planned_steps=(config.get("trainer") or {}).get("steps"))
+                  groups=groups, planned_steps=(config.get("trainer") or {}).get("steps"),
+                  primary_reward=primary, mapping=model_mapping(config))
     for split in ("train", "eval"):
         raw = _read_jsonl(root / "trajectories" / f"{split}.jsonl")
         run.episodes[split] = select_episodes([slim_episode(e, primary) for e in raw])
@@ -68,6 +85,31 @@ def _read_config(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError):
         return {}
     return tree if isinstance(tree, dict) else {}
+
+
+def model_mapping(config: dict[str, Any]) -> list[GroupMapping]:
+    """Per model group: backend, roles and sharing scheme, read from the plain config.yaml dict.
+
+    The scheme words follow ``unimas validate``'s summary, so the report and the CLI read alike.
+    """
+    roles = {name: spec for name, spec in (config.get("roles") or {}).items() if isinstance(spec, dict)}
+    rows = []
+    for group, spec in (config.get("models") or {}).items():
+        spec = spec if isinstance(spec, dict) else {}
+        members = [name for name, role in roles.items() if role.get("model") == group]
+        adapters = sorted({str(roles[r]["adapter"]) for r in members if roles[r].get("adapter")})
+        if spec.get("trainable", True) is False:
+            scheme = "frozen"
+        elif adapters:
+            scheme = f"LoRA adapter per role on one base (adapters {', '.join(adapters)})"
+        elif len(members) > 1:
+            scheme = f"shared by {len(members)} roles"
+        else:
+            scheme = "one role (separate)" if members else "no roles"
+        rows.append(GroupMapping(group=str(group), backend=str(spec.get("backend", "torch")), roles=members,
+                                 frozen_roles=[r for r in members if roles[r].get("trainable", True) is False],
+                                 scheme=scheme))
+    return rows
 
 
 def _names(records: list[dict[str, Any]], prefix: str, part: int) -> list[str]:
@@ -150,11 +192,15 @@ def slim_episode(episode: dict[str, Any], primary: str | None) -> dict[str, Any]
             node.update(tool=raw.get("tool"), arguments=_cut(raw.get("arguments")),
                         result=_cut(raw.get("result")), error=raw.get("error"))
         nodes.append(node)
+    task = episode.get("task")
+    dataset_id = task.get("id") if isinstance(task, dict) else None
     outcome = dict(episode.get("outcome") or {})
     step = outcome.pop("_step", 0)
     problems = episode.get("error") is not None or any(n.get("parse_error") or n.get("error") for n in nodes)
     return {
         "id": episode.get("episode_id"), "task_id": episode.get("task_id"), "step": int(step),
+        # What a reader knows the task by: the dataset's own id; the internal uid only as a fallback.
+        "task_label": str(dataset_id) if dataset_id is not None else episode.get("task_id"),
         "task": _cut(episode.get("task")), "outcome": _cut(outcome), "rewards": episode.get("rewards") or {},
         "error": episode.get("error"), "failed": problems, "score": episode_score(episode, primary),
         "wall_s": float(episode.get("ended", 0.0)) - float(episode.get("started", 0.0)),

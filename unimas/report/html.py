@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from unimas.report.data import RunData
+from unimas.report.data import GroupMapping, RunData
 from unimas.report.plots import PLOTS
 
 
@@ -37,8 +37,9 @@ def header(run: RunData) -> str:
     evals = [r for r in run.records if "eval/accuracy" in r]
     if "reward/mean" in last:
         facts.append(("last reward/mean", _number(last["reward/mean"])))
-    if evals:
-        facts.append((f"eval/accuracy @ step {evals[-1]['step']}", _number(evals[-1]["eval/accuracy"])))
+    if evals:  # eval/accuracy is the primary reward's mean, graded or not: label it as a reward
+        label = f"eval reward ({run.primary_reward})" if run.primary_reward else "eval reward"
+        facts.append((f"{label} @ step {evals[-1]['step']}", _number(evals[-1]["eval/accuracy"])))
     items = "".join(f"<span>{html.escape(k)}: <b>{html.escape(v)}</b></span>" for k, v in facts)
     warning = ""
     if not run.train_records:
@@ -47,7 +48,20 @@ def header(run: RunData) -> str:
     elif planned is not None and done < planned:
         warning = (f'<div class="warn">incomplete: metrics stop at step {done} of {planned} '
                    "(still running, stopped early or killed)</div>")
-    return f'<h1>unimas report — {html.escape(run.name)}</h1><div class="facts">{items}</div>{warning}'
+    return (f'<h1>unimas report — {html.escape(run.name)}</h1><div class="facts">{items}</div>'
+            f"{mapping(run.mapping)}{warning}")
+
+
+def mapping(rows: list[GroupMapping]) -> str:
+    """Which roles run on which weights: the first thing to know when comparing runs."""
+    if not rows:
+        return ""
+    lines = []
+    for row in rows:
+        roles = ", ".join(f"{r} (frozen)" if r in row.frozen_roles else r for r in row.roles) or "–"
+        lines.append(f"<li><b>{html.escape(row.group)}</b> [{html.escape(row.backend)}]: "
+                     f"{html.escape(row.scheme)} — roles: {html.escape(roles)}</li>")
+    return f'<ul class="mapping" id="model-mapping">{"".join(lines)}</ul>'
 
 
 OVERVIEW = ("rewards", "reward_distribution")

@@ -56,7 +56,8 @@
   function fillEpisodes() {
     const list = episodes();
     pick.episode.replaceChildren();
-    list.forEach((e, i) => option(pick.episode, i, `${e.id}  score ${fmt(e.score)}${e.failed ? "  ⚠" : ""}`));
+    list.forEach((e, i) => option(pick.episode, i,
+                                  `${e.id}  task ${e.task_label}  score ${fmt(e.score)}${e.failed ? "  ⚠" : ""}`));
     show(list[0]);
     pick.episode.onchange = () => show(list[Number(pick.episode.value)]);
   }
@@ -70,7 +71,7 @@
       row.appendChild(el("code", {}, value));
       box.appendChild(row);
     };
-    line("episode", `${episode.id} (task ${episode.task_id}, step ${episode.step}, ${episode.wall_s.toFixed(3)} s)`);
+    line("episode", `${episode.id} (task ${episode.task_label}, step ${episode.step}, ${episode.wall_s.toFixed(3)} s)`);
     line("task", episode.task);
     line("outcome", episode.outcome);
     line("rewards", JSON.stringify(episode.rewards));

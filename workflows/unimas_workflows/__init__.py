@@ -1,7 +1,6 @@
 """Ready-made workflows and the datasets they come with."""
 
 import unimas
-
 from unimas_workflows.arithmetic import arithmetic_tasks, solver_verifier
 from unimas_workflows.signalling import signalling, signalling_tasks
 

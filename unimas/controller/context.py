@@ -16,10 +16,10 @@ import re
 import time
 from typing import Any, Callable, Iterable, Mapping
 
-from unimas.backends.base import GenRequest
 from unimas.config import RoleConfig
+from unimas.controller.router import Router
 from unimas.errors import UserError
-from unimas.runtime.router import Router
+from unimas.groups.base import GenRequest
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 from unimas.workflow.templates import render
 
@@ -34,6 +34,11 @@ def node_value(value: Any) -> Any:
 
 
 class EpisodeContext:
+    """A workflow's handle on its episode: ``act`` for role turns, ``tool`` for tool calls.
+
+    ``trajectory`` is the graph being recorded and ``task`` the dataset row.
+    """
+
     def __init__(
         self,
         trajectory: GraphTrajectory,
@@ -78,7 +83,8 @@ class EpisodeContext:
         node = TurnNode(
             id=f"{role}#{index}", role=role, model_group=spec.model, prompt=prompt, text=result.text,
             prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
-            finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
+            logprobs_exact=result.logprobs_exact, finished=result.finished, role_turn_index=index,
+            started=started, ended=time.perf_counter(),
         )
         _parse(node, spec)
         return self.trajectory.add_node(node, self._consumed(after, variables))

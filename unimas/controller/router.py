@@ -14,32 +14,19 @@ event-loop turn after the request that triggered it: an episode that fans
 out with ``asyncio.gather`` has its other branches already queued to run by
 then, so they join the same batch.
 
-The router does not know how a batch reaches a model: a :class:`Transport`
-does that (in-process call, or a Ray actor call). One routing code path,
-several transports.
+The router does not know how a batch reaches a model: a
+:class:`~unimas.groups.transport.Transport` does that (in-process call, or a
+Ray actor call). One routing code path, several transports.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
-from typing import Protocol
 
-from unimas.backends.base import GenRequest, GenResult
-from unimas.errors import ModelGroupError
-
-
-class Transport(Protocol):
-    async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]: ...
-
-
-class GroupFailure(ModelGroupError):
-    """A model group could not serve a batch; fatal for the step, unlike a workflow error."""
-
-    def __init__(self, group: str, cause: BaseException):
-        self.group = group
-        self.cause = cause
-        super().__init__(f"model group '{group}' failed: {type(cause).__name__}: {cause}")
+from unimas.errors import ModelGroupError, UserError
+from unimas.groups.base import GenRequest, GenResult
+from unimas.groups.transport import Transport
 
 
 class Router:
@@ -107,9 +94,13 @@ class Router:
     async def _serve(self, group: str, batch: list[tuple[GenRequest, asyncio.Future, str]]) -> None:
         try:
             results = await self.transport.generate(group, [request for request, _, _ in batch])
+            if len(results) != len(batch):
+                raise ValueError(f"returned {len(results)} results for {len(batch)} requests")
             error = None
-        except Exception as exc:  # noqa: BLE001 - surfaced to every waiting episode
-            results, error = None, GroupFailure(group, exc)
+        except (ModelGroupError, UserError) as exc:  # surfaced to every waiting episode
+            results, error = None, exc
+        except Exception as exc:  # noqa: BLE001 - a transport without its own wrapping
+            results, error = None, ModelGroupError(group, "generate", exc)
         for _, _, episode in batch:
             self._pending[episode] -= 1
             if not self._pending[episode]:

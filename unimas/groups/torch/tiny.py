@@ -21,7 +21,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from unimas.config import TinyModelConfig
+from unimas.groups.torch.options import TinyModelConfig
 
 
 def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase):

@@ -1,10 +1,10 @@
 """The Ray transport: every model group is a Ray actor; the controller keeps thin records.
 
-``RayTransport`` has exactly the async method set of
-:class:`~unimas.runtime.local.LocalTransport`, so the trainer, the router and
-the controller do not know which one they drive. Routing and micro-batching
-stay in the controller's :class:`~unimas.runtime.router.Router`; this module
-only moves a batch to the group's actor and the answer back.
+``RayTransport`` implements :class:`~unimas.groups.transport.Transport`
+like :class:`~unimas.groups.local.LocalTransport`, so the trainer, the router
+and the controller do not know which one they drive. Routing and
+micro-batching stay in the hub's :class:`~unimas.controller.router.Router`;
+this module only moves a batch to the group's actor and the answer back.
 
 What crosses the star (both directions, pickled by Ray):
 
@@ -40,11 +40,14 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from unimas.backends.base import GenRequest, GenResult, SupervisedExample, TrainTurn
-from unimas.config import AlgorithmConfig, ExperimentConfig, RuntimeConfig, config_from_dict
-from unimas.errors import UserError
-from unimas.registry import Registry
-from unimas.runtime.router import GroupFailure
+from unimas.config import ExperimentConfig, RuntimeConfig
+from unimas.config_file import config_from_dict
+from unimas.errors import ModelGroupError, UserError
+from unimas.groups.base import GenRequest, GenResult, TrainTurn
+from unimas.groups.build import build_group
+from unimas.groups.placement import placement_plan
+from unimas.process import torch_setup
+from unimas.registry import build_registry
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +55,8 @@ RAY_LOGGING_LEVEL = logging.ERROR
 """Ray's own logger level in the driver: keep the console for training progress."""
 
 
-class GroupActorDied(RuntimeError):
-    """The Ray actor of a model group is gone (killed, crashed, out of memory, node lost)."""
-
-    def __init__(self, group: str, error: RayActorError):
-        self.group = group
-        detail = _one_line(str(error))
-        super().__init__(f"the Ray actor of model group '{group}' died: {detail}")
+class ActorDied(RuntimeError):
+    """The cause of a :class:`ModelGroupError` when the group's Ray actor is gone (killed, OOM, node lost)."""
 
 
 def _one_line(text: str, limit: int = 300) -> str:
@@ -146,16 +144,8 @@ class ModelGroupActor:
 
     def setup(self) -> dict[str, Any]:
         """Build the group (errors come back as the original exception) and say where it runs."""
-        import torch
-        from transformers.utils import logging as hf_logging
-
-        from unimas.registry import build_registry
-        from unimas.runtime.groups import build_group
-
         config = config_from_dict(self._config_tree, "<config sent to the model-group actor>")
-        hf_logging.disable_progress_bar()
-        torch.set_num_threads(config.trainer.torch_threads)
-        torch.manual_seed(config.trainer.seed)  # as the driver does in local mode (only LoRA dropout draws from it)
+        torch_setup(config.trainer.torch_threads, config.trainer.seed)  # as the driver does in local mode
         self.group = build_group(config, build_registry(config.plugins), self.name)
         gc.collect()
         gc.freeze()  # the model and imported modules live as long as the actor: keep them out of full GC passes
@@ -187,20 +177,14 @@ class ModelGroupActor:
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         return self._timed("generate", lambda: self.group.generate(requests))
 
-    def update(self, turns: list[TrainTurn], algorithm: AlgorithmConfig) -> dict[str, float]:
-        return self._timed("update", lambda: self.group.update(turns, algorithm))
-
-    def train_supervised(self, examples: list[SupervisedExample]) -> float:
-        return self._timed("train_supervised", lambda: self.group.train_supervised(examples))
+    def update(self, turns: list[TrainTurn]) -> dict[str, float]:
+        return self._timed("update", lambda: self.group.update(turns))
 
     def save(self, directory: str) -> None:
         self._timed("save", lambda: self.group.save(Path(directory)))
 
     def load(self, directory: str) -> None:
         self._timed("load", lambda: self.group.load(Path(directory)))
-
-    def num_parameters(self) -> dict[str, int]:
-        return self.group.num_parameters()
 
 
 RemoteModelGroup = ray.remote(ModelGroupActor)
@@ -228,14 +212,11 @@ class RayTransport:
         self._owns_ray = owns_ray
 
     @classmethod
-    def start(cls, config: ExperimentConfig, registry: Registry | None = None) -> "RayTransport":
+    def start(cls, config: ExperimentConfig) -> "RayTransport":
         """Connect to (or start) Ray, check placement, start one actor per group, wait until built.
 
-        ``registry`` is accepted for parity with ``LocalTransport.start``: each
-        actor rebuilds its own from ``config.plugins``.
+        Each actor rebuilds the plugin registry from ``config.plugins`` in its own process.
         """
-        from unimas.placement import placement_plan
-
         cpus = sum(group.resources.cpus for group in config.models.values())
         owns_ray = connect(config.runtime, cpus)
         tree = config.model_dump(mode="json", by_alias=True)
@@ -269,45 +250,33 @@ class RayTransport:
         return transport
 
     # -- calls ------------------------------------------------------------
-    async def _remote(self, group: str, method: str, *args: Any) -> Any:
-        """Call an actor method without blocking the event loop; Ray errors become plain ones.
+    async def _call(self, group: str, method: str, *args: Any) -> Any:
+        """Call an actor method without blocking the event loop; failures become :class:`ModelGroupError`.
 
-        A dead actor raises :class:`GroupActorDied`; an exception inside the
-        method is re-raised as itself, as in-process.
+        An exception inside the method is the cause as itself, as in-process;
+        a dead actor's cause is :class:`ActorDied` with Ray's report on one line.
         """
         try:
             return await getattr(self.actors[group], method).remote(*args)
         except RayActorError as exc:
-            raise GroupActorDied(group, exc) from None
+            cause: BaseException = ActorDied(f"the Ray actor of model group '{group}' died: {_one_line(str(exc))}")
         except RayTaskError as exc:
-            raise exc.cause from None
-
-    async def _call(self, group: str, method: str, *args: Any) -> Any:
-        """Like ``_remote`` for the calls the router does not wrap: failures name the group."""
-        try:
-            return await self._remote(group, method, *args)
-        except UserError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any actor-side failure is the group's failure
-            raise GroupFailure(group, exc) from exc
+            if isinstance(exc.cause, UserError):
+                raise exc.cause from None
+            cause = exc.cause
+        raise ModelGroupError(group, method, cause) from None
 
     async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
-        return await self._remote(group, "generate", requests)  # the router turns errors into GroupFailure
+        return await self._call(group, "generate", requests)
 
-    async def update(self, group: str, turns: list[TrainTurn], algorithm: AlgorithmConfig) -> dict[str, float]:
-        return await self._call(group, "update", turns, algorithm)
-
-    async def train_supervised(self, group: str, examples: list[SupervisedExample]) -> float:
-        return await self._call(group, "train_supervised", examples)
+    async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
+        return await self._call(group, "update", turns)
 
     async def save(self, group: str, directory: Path) -> None:
         await self._call(group, "save", str(directory))
 
     async def load(self, group: str, directory: Path) -> None:
         await self._call(group, "load", str(directory))
-
-    async def num_parameters(self, group: str) -> dict[str, int]:
-        return await self._call(group, "num_parameters")
 
     async def spans(self, group: str) -> list[tuple[str, float, float]]:
         return await self._call(group, "spans")
@@ -316,7 +285,7 @@ class RayTransport:
     async def restart(self, group: str, checkpoint: Path | None) -> None:
         """Replace the group's actor with a fresh one: from ``checkpoint`` (a group dir), else initial weights."""
         if self._spawn is None:
-            raise RuntimeError(f"model group '{group}': this transport cannot start new actors")
+            raise ModelGroupError(group, "restart", RuntimeError("this transport cannot start new actors"))
         old = self.actors.get(group)
         if old is not None:
             _kill(old)
@@ -342,3 +311,14 @@ def _kill(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - already dead or Ray already down: nothing left to stop
         pass
+
+
+def ray_available(config: ExperimentConfig) -> tuple[dict[str, float], list[tuple[str, dict[str, float]]], bool]:
+    """Connect to (or start) the Ray instance ``runtime`` names and read its resources.
+
+    Returns ``(totals, nodes, started)``; when ``started`` the caller disconnects
+    with ``ray.shutdown()`` (which stops only an instance this process started).
+    """
+    started = connect(config.runtime, sum(g.resources.cpus for g in config.models.values()))
+    totals, nodes = cluster_resources()
+    return totals, nodes, started

@@ -1,6 +1,6 @@
 """The placement plan: which model group asks for what, and whether it fits.
 
-For ``runtime: ray`` the available resources are what Ray reports
+Pure: no Ray import. For ``runtime: ray`` the available resources are what Ray reports
 (``ray.cluster_resources()`` for totals, ``ray.nodes()`` per node; memory
 in bytes). Totals are not enough on a multi-node cluster — an actor lives on
 one node — so when nodes are given every group is also assigned a node
@@ -85,15 +85,3 @@ def placement_plan(config: ExperimentConfig, available: dict[str, float] | None 
 def _amount(key: str, value: float) -> str:
     return f"{value / GIB:.3g} GiB" if key == "memory" else f"{value:g}"
 
-
-def ray_available(config: ExperimentConfig) -> tuple[dict[str, float], list[tuple[str, dict[str, float]]], bool]:
-    """Connect to (or start) the Ray instance ``runtime`` names and read its resources.
-
-    Returns ``(totals, nodes, started)``; when ``started`` the caller disconnects
-    with ``ray.shutdown()`` (which stops only an instance this process started).
-    """
-    from unimas.runtime.ray_runtime import cluster_resources, connect
-
-    started = connect(config.runtime, sum(g.resources.cpus for g in config.models.values()))
-    totals, nodes = cluster_resources()
-    return totals, nodes, started

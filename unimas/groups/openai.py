@@ -15,30 +15,50 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import ClassVar, Optional
 
-from unimas.backends.base import GenRequest, GenResult, ModelGroup, SupervisedExample, TrainTurn
-from unimas.config import AlgorithmConfig, ModelGroupConfig
+from pydantic import BaseModel, ConfigDict, Field
+
+from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
+
+
+class OpenAIOptions(BaseModel):
+    """Settings of ``backend: openai`` under ``models.<group>.options``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(..., min_length=1, description="base URL of an OpenAI-compatible server "
+                          "(`/v1/completions` is appended)")
+    api_model: str = Field("default", description="model name sent with each request")
+    api_key_env: Optional[str] = Field(None, description="environment variable holding the API key (sent as a "
+                                       "bearer token); the key itself never goes in the config")
+    timeout_s: float = Field(60.0, gt=0, description="seconds to wait for one completion")
+    retries: int = Field(3, ge=0, description="extra attempts after a connection error or timeout")
+    max_parallel: int = Field(16, ge=1, description="completions in flight at once")
 
 
 class OpenAIModelGroup(ModelGroup):
-    def __init__(self, name: str, config: ModelGroupConfig, timeout_s: float = 60.0, max_parallel: int = 16,
-                 retries: int = 3):
-        if not config.endpoint:
-            raise ValueError(f"model group '{name}': backend 'openai' needs 'endpoint'")
+    options: ClassVar[type[OpenAIOptions]] = OpenAIOptions
+    can_train: ClassVar[bool] = False
+    """Validation keeps trainable groups off this backend."""
+
+    def __init__(self, name: str, settings: OpenAIOptions):
         self.name = name
         self.trainable = False
-        self.url = config.endpoint.rstrip("/") + "/v1/completions"
-        self.model = config.api_model or "default"
-        self.api_key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
-        self.timeout_s = timeout_s
-        self.max_parallel = max_parallel
-        self.retries = retries
+        self.url = settings.endpoint.rstrip("/") + "/v1/completions"
+        self.model = settings.api_model
+        self.api_key = os.environ.get(settings.api_key_env, "") if settings.api_key_env else ""
+        self.timeout_s = settings.timeout_s
+        self.max_parallel = settings.max_parallel
+        self.retries = settings.retries
 
     @classmethod
-    def from_config(cls, name: str, config: ModelGroupConfig, adapters: list[str], seed: int) -> "OpenAIModelGroup":
-        if adapters:
-            raise ValueError(f"model group '{name}': an API endpoint cannot host LoRA adapters {adapters}")
-        return cls(name, config)
+    def build(cls, spec: GroupSpec) -> "OpenAIModelGroup":
+        if spec.adapters:
+            raise ValueError(f"model group '{spec.name}': an API endpoint cannot host LoRA adapters {spec.adapters}")
+        settings = spec.options if isinstance(spec.options, OpenAIOptions) else OpenAIOptions.model_validate(
+            spec.options)
+        return cls(spec.name, settings)
 
     def _complete(self, request: GenRequest) -> GenResult:
         gen = request.generation
@@ -66,10 +86,7 @@ class OpenAIModelGroup(ModelGroup):
         with ThreadPoolExecutor(max_workers=min(self.max_parallel, max(1, len(requests)))) as pool:
             return list(pool.map(self._complete, requests))
 
-    def update(self, turns: list[TrainTurn], algorithm: AlgorithmConfig) -> dict[str, float]:
-        raise RuntimeError(f"model group '{self.name}' is served by an API endpoint and cannot be trained")
-
-    def train_supervised(self, examples: list[SupervisedExample]) -> float:
+    def update(self, turns: list[TrainTurn]) -> dict[str, float]:
         raise RuntimeError(f"model group '{self.name}' is served by an API endpoint and cannot be trained")
 
     def save(self, directory: Path) -> None:

@@ -1,0 +1,189 @@
+"""The algorithm layer: estimators and policy losses by name, and the one loss every backend optimises.
+
+Two tables, each filled from plugins first and verl's ``core_algos``
+registries second, so ``grpo`` or ``vanilla`` mean here what they mean in a
+verl run and a plugin can add (or shadow) any name:
+
+* **estimators** — ``(token_level_rewards, response_mask, index, config) ->
+  (advantages, returns)``. The facts validation needs (normalises within
+  groups, needs a critic, needs inputs unimas does not produce) are read off
+  each function's signature once, into an :class:`Estimator` record, so they
+  cannot drift from the pinned verl.
+* **policy losses** — verl's ``PolicyLossFn`` signature.
+
+:func:`compose_loss` is the whole objective (nanoGPT-style, in one place)::
+
+    loss = policy_loss - entropy_coef * entropy + kl_coef * KL(policy || reference)
+
+Every backend calls it, so the torch backend and the verl backend optimise
+the same thing. This is the only module that imports verl; the imports sit
+inside functions because ``import verl`` costs seconds and commands that
+never train should not pay for it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+from unimas.config import AlgorithmConfig
+from unimas.errors import UserError
+
+if TYPE_CHECKING:
+    from unimas.registry import Registry
+
+PROVIDED_INPUTS = frozenset({"token_level_rewards", "response_mask", "index", "norm_adv_by_std_in_grpo", "config"})
+"""What unimas can hand an estimator: one credit scalar per turn, group keys, verl's AlgoConfig."""
+
+
+def _core_algos():
+    from verl.trainer.ppo import core_algos
+
+    return core_algos
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """An advantage estimator with the facts validation needs, derived from its signature."""
+
+    name: str
+    fn: Callable[..., Any]
+    provider: str
+    group_normalised: bool
+    """Takes ``index``: normalises within groups of turns, so it needs ``group_size >= 2``."""
+    needs_critic: bool
+    """Takes value estimates (``gae``): unimas trains no critic."""
+    missing_inputs: tuple[str, ...]
+    """Required arguments unimas does not produce (e.g. ``reward_baselines`` for ``remax``)."""
+
+    @classmethod
+    def from_function(cls, name: str, fn: Callable[..., Any], provider: str) -> "Estimator":
+        params = inspect.signature(fn).parameters
+        required = [key for key, p in params.items()
+                    if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return cls(name=name, fn=fn, provider=provider, group_normalised="index" in params,
+                   needs_critic="values" in params,
+                   missing_inputs=tuple(key for key in required if key not in PROVIDED_INPUTS))
+
+    @property
+    def usable(self) -> bool:
+        return not self.needs_critic and not self.missing_inputs
+
+    def __call__(self, scores: torch.Tensor, index: np.ndarray, *, norm_by_std: bool = True,
+                 gamma: float = 1.0) -> torch.Tensor:
+        """Advantages for ``scores`` (turns, 1): one credit scalar per turn, grouped by ``index``."""
+        params = inspect.signature(self.fn).parameters
+        available = {"token_level_rewards": scores, "response_mask": torch.ones_like(scores), "index": index,
+                     "norm_adv_by_std_in_grpo": norm_by_std, "config": _algo_config(float(gamma), bool(norm_by_std))}
+        advantages, _returns = self.fn(**{key: value for key, value in available.items() if key in params})
+        return advantages
+
+
+@functools.lru_cache(maxsize=16)
+def _algo_config(gamma: float, norm_by_std: bool):
+    from verl.trainer.config import AlgoConfig
+
+    return AlgoConfig(gamma=gamma, norm_adv_by_std_in_grpo=norm_by_std)
+
+
+def estimators(registry: "Registry") -> dict[str, Estimator]:
+    """Every estimator by name: plugins first (they may shadow a verl name), then verl's registry."""
+    table = {name: Estimator.from_function(name, fn, "verl")
+             for name, fn in _core_algos().ADV_ESTIMATOR_REGISTRY.items()}
+    for name in registry.names("estimators"):
+        table[name] = Estimator.from_function(name, registry.get("estimators", name),
+                                              registry.provider("estimators", name))
+    return table
+
+
+def resolve_estimator(name: str, registry: "Registry") -> Estimator:
+    table = estimators(registry)
+    if name not in table:
+        raise UserError(f"unknown estimator '{name}'. Known: {', '.join(sorted(table))}", where="algorithm.estimator")
+    return table[name]
+
+
+def policy_losses(registry: "Registry") -> dict[str, Callable[..., Any]]:
+    """Every policy loss by name: plugins first, then verl's ``POLICY_LOSS_REGISTRY``."""
+    table = dict(_core_algos().POLICY_LOSS_REGISTRY)
+    table.update({name: registry.get("policy_losses", name) for name in registry.names("policy_losses")})
+    return table
+
+
+def resolve_policy_loss(name: str, registry: "Registry", where: str = "algorithm.loss") -> Callable[..., Any]:
+    table = policy_losses(registry)
+    if name not in table:
+        raise UserError(f"unknown policy loss '{name}'. Known: {', '.join(sorted(table))}", where=where)
+    return table[name]
+
+
+@functools.lru_cache(maxsize=64)
+def actor_config(clip_ratio: float, clip_ratio_low: float, clip_ratio_high: float, loss_agg_mode: str):
+    """A real verl ``ActorConfig`` for the loss functions (gspo/sapo/cispo assert its type).
+
+    ``strategy``/``rollout_n``/micro-batch are required by its validation but
+    unused by the losses. ``global_batch_info`` stays empty: each loss is
+    computed over a whole mini-batch in one call, so local normalisation is
+    the global one.
+    """
+    from verl.workers.config import ActorConfig
+
+    return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=clip_ratio,
+                       clip_ratio_low=clip_ratio_low, clip_ratio_high=clip_ratio_high, loss_agg_mode=loss_agg_mode)
+
+
+def agg_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+    """Reduce a (turns, tokens) matrix to a scalar exactly as verl does."""
+    return _core_algos().agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=mode)
+
+
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "low_var_kl") -> torch.Tensor:
+    """Per-token KL estimate (``kl``/``k1``, ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``, ``+`` suffix)."""
+    try:
+        return _core_algos().kl_penalty(log_prob, ref_log_prob, kind)
+    except NotImplementedError:
+        raise ValueError(f"unsupported kl_type '{kind}'; use kl, k1, abs, mse, k2, low_var_kl or k3") from None
+
+
+def _to_float(value: Any) -> float:
+    return float(value.detach().item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def compose_loss(
+    policy_loss: Callable[..., Any],
+    settings: AlgorithmConfig,
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    entropy: torch.Tensor,
+    ref_log_prob: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The scalar every backend minimises, and its parts as metrics. All tensors are (turns, tokens).
+
+    ``entropy`` only needs a gradient when ``settings.entropy_coef > 0``;
+    ``ref_log_prob`` is required when ``settings.kl_coef > 0``.
+    """
+    mode = settings.loss_agg_mode
+    low = settings.clip_ratio if settings.clip_ratio_low is None else settings.clip_ratio_low
+    high = settings.clip_ratio if settings.clip_ratio_high is None else settings.clip_ratio_high
+    config = actor_config(float(settings.clip_ratio), float(low), float(high), mode)
+    pg_loss, pg_metrics = policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode=mode,
+                                      config=config)
+    entropy_value = agg_loss(entropy, response_mask, mode)
+    loss = pg_loss - settings.entropy_coef * entropy_value if settings.entropy_coef > 0 else pg_loss
+    kl_value = torch.zeros(())
+    if settings.kl_coef > 0:
+        if ref_log_prob is None:
+            raise ValueError("kl_coef > 0 needs reference log-probs")
+        kl_value = agg_loss(kl_penalty(log_prob, ref_log_prob, settings.kl_type), response_mask, mode)
+        loss = loss + settings.kl_coef * kl_value
+    pg = {key.removeprefix("actor/"): _to_float(value) for key, value in pg_metrics.items()}
+    return loss, {"policy_loss": _to_float(pg_loss), "entropy": _to_float(entropy_value),
+                  "kl": _to_float(kl_value), "clip_frac": pg.get("pg_clipfrac", 0.0), "ppo_kl": pg.get("ppo_kl", 0.0)}

@@ -1,0 +1,88 @@
+"""The hub of the star: runs many episodes at once and collects their graphs.
+
+Each episode is one asyncio task running the workflow coroutine against its
+own :class:`~unimas.controller.context.EpisodeContext`. A workflow that
+raises is isolated: its trajectory records the error (with the file and line
+of the user's code) and the other episodes carry on. Two kinds of exceptions
+are not episode-local and stop the step: a config mistake
+(:class:`UserError`) and a model group that cannot serve
+(:class:`ModelGroupError`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
+
+from unimas.config import RoleConfig
+from unimas.controller.context import EpisodeContext
+from unimas.controller.router import Router
+from unimas.errors import ModelGroupError, UserError, describe
+from unimas.trajectory import GraphTrajectory
+
+Workflow = Callable[[EpisodeContext, dict], Awaitable[Any]]
+
+
+@dataclass
+class EpisodeSpec:
+    episode_id: str
+    task_uid: str
+    task: dict
+
+
+class Controller:
+    """Runs episodes of one workflow against the roles, tools and router of a run."""
+
+    def __init__(self, workflow: Workflow, roles: Mapping[str, RoleConfig], router: Router,
+                 tools: Mapping[str, Callable[..., Any]], max_concurrent: int = 1024):
+        self.workflow = workflow
+        self.roles = roles
+        self.router = router
+        self.tools = tools
+        self.max_concurrent = max_concurrent
+
+    async def _run_one(self, spec: EpisodeSpec, greedy: bool) -> GraphTrajectory:
+        trajectory = GraphTrajectory(episode_id=spec.episode_id, task_id=spec.task_uid, task=spec.task)
+        context = EpisodeContext(trajectory, self.roles, self.router, self.tools, greedy=greedy)
+        trajectory.started = time.perf_counter()
+        try:
+            outcome = await self.workflow(context, spec.task)
+            trajectory.outcome = dict(outcome) if isinstance(outcome, Mapping) else {"result": outcome}
+        except (UserError, ModelGroupError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken episode never stops the others
+            trajectory.fail(describe(exc), exc)
+        trajectory.ended = time.perf_counter()
+        return trajectory
+
+    async def run(self, specs: list[EpisodeSpec], greedy: bool = False) -> list[GraphTrajectory]:
+        """Run all episodes, at most ``max_concurrent`` at a time; results in ``specs`` order.
+
+        A fixed pool of workers pulls episodes from one queue. Each worker
+        counts as one live episode for the router from start to end, so the
+        router's "everyone is waiting" rule sees the true concurrency.
+        """
+        results: list[GraphTrajectory | None] = [None] * len(specs)
+        pending = iter(enumerate(specs))
+
+        async def worker() -> None:
+            try:
+                for index, spec in pending:
+                    results[index] = await self._run_one(spec, greedy)
+            finally:
+                self.router.episode_finished()
+
+        workers = []
+        for _ in range(min(self.max_concurrent, len(specs))):
+            self.router.episode_started()
+            workers.append(asyncio.ensure_future(worker()))
+        try:
+            await asyncio.gather(*workers)
+        except BaseException:
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            raise
+        return results

@@ -1,0 +1,116 @@
+"""The model-group contract: what every backend implements and the records that cross the star.
+
+A model group owns one set of weights (plus, optionally, one LoRA adapter per
+role). The controller sends it thin records — prompt text in; token ids,
+text and per-token log-probs out; turns with scalar advantages back in — and
+never sees logits or activations. Keeping this contract small is what lets
+one controller drive an in-process torch model, a Ray actor, verl workers on
+GPUs, or an API endpoint.
+
+A backend is a class with a pydantic ``options`` model (its settings under
+``models.<group>.options``, validated by the backend itself) and a ``build``
+classmethod; see :class:`unimas.protocols.Backend`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict
+
+from unimas.config import AlgorithmConfig, GenerationConfig, ModelGroupConfig
+
+
+@dataclass
+class GenRequest:
+    """One role turn to generate."""
+
+    prompt: str
+    generation: GenerationConfig
+    adapter: Optional[str] = None
+    greedy: bool = False
+
+
+@dataclass
+class GenResult:
+    text: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    """Response tokens up to and including the first EOS (if any)."""
+    logprobs: list[float]
+    """Log-probs of ``response_ids`` under the sampling distribution."""
+    finished: bool
+    """True when EOS was produced within ``max_new_tokens``."""
+    logprobs_exact: bool = False
+    """True when ``logprobs`` are the distribution the group trains (no top-k / top-p renormalisation):
+    the group says so, because only it knows how it sampled."""
+
+
+@dataclass
+class TrainTurn:
+    """One trainable turn handed back to the group that produced it.
+
+    ``rollout_logprobs`` are what the group reported at sampling time; when
+    ``rollout_logprobs_exact`` is false the group recomputes them with its
+    current weights before the first update epoch.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float]
+    advantage: float
+    rollout_logprobs_exact: bool = False
+    temperature: float = 1.0
+    adapter: Optional[str] = None
+
+
+class NoOptions(BaseModel):
+    """For backends without settings of their own: any key under ``options`` is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class GroupSpec:
+    """Everything a backend needs to build one model group, resolved from the config."""
+
+    name: str
+    config: ModelGroupConfig
+    options: Any
+    """``config.options`` validated by the backend's ``options`` model."""
+    adapters: list[str]
+    """LoRA adapter names the roles on this group use."""
+    seed: int
+    """Already specific to the group."""
+    algorithm: AlgorithmConfig
+    """The global algorithm with this group's overrides applied."""
+    policy_loss: Any = None
+    """The resolved policy-loss function (plugin or verl) for ``algorithm.loss``."""
+    total_updates: int = 0
+    """Updates the run will make (``trainer.steps``): the horizon of learning-rate schedules."""
+
+
+class ModelGroup(ABC):
+    """Weights for one or more roles: generate, update, checkpoint."""
+
+    name: str
+    trainable: bool
+
+    @abstractmethod
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Generate for a batch of requests, possibly for several adapters; results in request order."""
+
+    @abstractmethod
+    def update(self, turns: list[TrainTurn]) -> dict[str, float]:
+        """One PPO/GRPO update on this group's turns (settings from its spec); returns metrics."""
+
+    @abstractmethod
+    def save(self, directory: Path) -> None:
+        """Write weights (safetensors / PEFT adapter dirs) and optimiser + RNG state."""
+
+    @abstractmethod
+    def load(self, directory: Path) -> None:
+        """Restore exactly what :meth:`save` wrote."""

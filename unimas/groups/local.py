@@ -1,0 +1,54 @@
+"""The in-process transport: model groups are plain objects in this process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from unimas.config import ExperimentConfig
+from unimas.errors import ModelGroupError, UserError
+from unimas.groups.base import GenRequest, GenResult, ModelGroup, TrainTurn
+from unimas.groups.build import build_group
+from unimas.registry import Registry
+
+
+class LocalTransport:
+    def __init__(self, groups: dict[str, ModelGroup], config: ExperimentConfig, registry: Registry):
+        self.groups = groups
+        self.config = config
+        self.registry = registry
+
+    @classmethod
+    def start(cls, config: ExperimentConfig, registry: Registry) -> "LocalTransport":
+        return cls({name: build_group(config, registry, name) for name in sorted(config.models)}, config, registry)
+
+    def _call(self, group: str, phase: str, *args):
+        try:
+            return getattr(self.groups[group], phase)(*args)
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure inside a group is that group's failure
+            raise ModelGroupError(group, phase, exc) from exc
+
+    async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
+        return self._call(group, "generate", requests)
+
+    async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
+        return self._call(group, "update", turns)
+
+    async def save(self, group: str, directory: Path) -> None:
+        self._call(group, "save", directory)
+
+    async def load(self, group: str, directory: Path) -> None:
+        self._call(group, "load", directory)
+
+    async def restart(self, group: str, checkpoint: Path | None) -> None:
+        """Rebuild a group from config, then load ``checkpoint`` (initial weights when None)."""
+        try:
+            self.groups[group] = build_group(self.config, self.registry, group)
+        except Exception as exc:  # noqa: BLE001
+            raise ModelGroupError(group, "restart", exc) from exc
+        if checkpoint is not None:
+            await self.load(group, checkpoint)
+
+    def shutdown(self) -> None:
+        self.groups.clear()

@@ -1,0 +1,141 @@
+"""Checkpoints of a torch model group: what is written, and how it is read back in place.
+
+A group directory holds ``model/`` (a Hugging Face dir: base weights and
+tokenizer, loadable without unimas), ``adapters/<name>/`` (PEFT adapter
+dirs), ``reference/`` (the KL reference when it is a separate copy), and the
+optimiser, learning-rate schedule and sampling-RNG state. Loading copies
+weights into the existing parameters rather than replacing them, so the
+optimiser keeps pointing at the right tensors and a resumed run continues
+bit-identically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+if TYPE_CHECKING:
+    from unimas.groups.torch.group import TorchModelGroup
+
+MODEL_DIR, ADAPTER_DIR, REFERENCE_DIR = "model", "adapters", "reference"
+OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE = "optimizer.pt", "scheduler.pt", "rng.pt"
+RESUME_ONLY_FILES = (OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE)
+"""Needed to continue a run exactly, not to start a new one from the weights (``init_from``)."""
+
+
+def clean_base_name(key: str) -> Optional[str]:
+    """A PEFT-wrapped base-model key as the plain model names it; None for LoRA weights."""
+    if "lora_" in key:
+        return None
+    return key.replace(".base_layer.", ".")
+
+
+def group_dir(root: Path, name: str) -> tuple[Path, Path]:
+    """(group checkpoint dir, HF model dir) for ``init_from``.
+
+    Accepts a dir written by :func:`save_group`, a run checkpoint holding one
+    such dir per group name, or a plain Hugging Face model dir.
+    """
+    for group in (root / name, root):
+        if (group / MODEL_DIR / "config.json").exists():
+            return group, group / MODEL_DIR
+    if (root / "config.json").exists():
+        return root, root
+    raise FileNotFoundError(f"init_from {root}: no '{MODEL_DIR}/config.json' (a unimas checkpoint) or config.json")
+
+
+def model_dir_without_name(root: Path) -> Optional[Path]:
+    """The HF model dir of ``init_from`` when the group name is unknown; None if ambiguous.
+
+    A run checkpoint with several groups names no single one, so it yields None.
+    """
+    if (root / MODEL_DIR / "config.json").exists():
+        return root / MODEL_DIR
+    if (root / "config.json").exists():
+        return root
+    groups = sorted(p for p in root.iterdir() if (p / MODEL_DIR / "config.json").exists()) if root.is_dir() else []
+    return groups[0] / MODEL_DIR if len(groups) == 1 else None
+
+
+def save_group(group: "TorchModelGroup", directory: Path) -> None:
+    """Write everything :func:`load_group` needs to resume (see the module docstring)."""
+    directory = Path(directory)
+    base = group.base_model()
+    state = {}
+    for key, value in base.state_dict().items():
+        clean = clean_base_name(key)
+        if clean is not None:
+            state[clean] = value
+    base.save_pretrained(directory / MODEL_DIR, state_dict=state)
+    group.tokenizer.save_pretrained(directory / MODEL_DIR)
+    if group.adapters:
+        from peft import get_peft_model_state_dict
+
+        for adapter in group.adapters:
+            target = directory / ADAPTER_DIR / adapter
+            target.mkdir(parents=True, exist_ok=True)
+            weights = get_peft_model_state_dict(group.model, adapter_name=adapter)
+            weights = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+            save_file(weights, target / "adapter_model.safetensors")
+            group.model.peft_config[adapter].save_pretrained(str(target))
+    if group.has_reference_copy and not group.adapters:
+        group.reference_model().save_pretrained(directory / REFERENCE_DIR)
+    if group.optimizer is not None:
+        torch.save(group.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+        torch.save(group.scheduler.state_dict(), directory / SCHEDULER_FILE)
+    torch.save({"generator": group.generator.get_state()}, directory / RNG_FILE)
+
+
+def load_group(group: "TorchModelGroup", directory: Path) -> None:
+    """Restore weights, adapters, reference, optimiser, schedule and RNG in place."""
+    directory = Path(directory)
+    copy_weights(group.base_model(), directory / MODEL_DIR, clean_names=True, dtype=group.spec.options.torch_dtype)
+    load_adapters(group, directory, missing_ok=False)
+    if (directory / REFERENCE_DIR).exists():
+        copy_weights(group.reference_model(), directory / REFERENCE_DIR, clean_names=False,
+                     dtype=group.spec.options.torch_dtype)
+    if (directory / OPTIMIZER_FILE).exists() and group.trainable:
+        optimizer = group.optimizer_for_update()
+        optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location=group.device, weights_only=True))
+        if (directory / SCHEDULER_FILE).exists():
+            group.scheduler.load_state_dict(torch.load(directory / SCHEDULER_FILE, weights_only=True))
+    rng = torch.load(directory / RNG_FILE, weights_only=True)
+    group.generator.set_state(rng["generator"])
+
+
+def copy_weights(target: torch.nn.Module, model_dir: Path, clean_names: bool, dtype: torch.dtype) -> None:
+    """Copy a saved HF model's weights into ``target`` without replacing its parameters
+    (the optimiser keeps pointing at them). Loading through ``from_pretrained`` applies
+    whatever key conversions transformers does on save."""
+    saved = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype)
+    source = saved.state_dict()
+    with torch.no_grad():
+        for key, value in target.state_dict(keep_vars=True).items():
+            name = clean_base_name(key) if clean_names else key
+            if name is None:
+                continue
+            if name not in source:
+                raise KeyError(f"checkpoint {model_dir} lacks weight '{name}'")
+            value.copy_(source[name])
+
+
+def load_adapters(group: "TorchModelGroup", directory: Path, missing_ok: bool) -> None:
+    """Load each of the group's adapters from ``directory/adapters/<name>``."""
+    if not group.adapters:
+        return
+    from peft import set_peft_model_state_dict
+
+    for adapter in group.adapters:
+        path = directory / ADAPTER_DIR / adapter / "adapter_model.safetensors"
+        if not path.exists():
+            if missing_ok:
+                continue
+            raise FileNotFoundError(f"checkpoint {directory} has no adapter '{adapter}'")
+        weights = load_file(path, device=str(group.device))
+        result = set_peft_model_state_dict(group.model, weights, adapter_name=adapter)
+        if result.unexpected_keys:
+            raise KeyError(f"adapter '{adapter}' in {directory} has unknown weights: {result.unexpected_keys[:3]}")

@@ -1,0 +1,301 @@
+"""An in-process PyTorch model group: the reference backend.
+
+One :class:`TorchModelGroup` owns one causal LM (a local Hugging Face
+directory, a tiny random-init model, or a checkpoint) and, optionally, one
+LoRA adapter per role. It is small enough to read and exact enough that the
+log-probs it reports at sampling time equal the ones it recomputes for the
+update (the PPO ratio starts at exactly 1 when on-policy).
+
+This module builds the group and ties the parts together; each part lives
+beside it: the batch layout (``layout``), sampling (``sampling``), log-probs
+and the update loop (``training``), optimiser and learning-rate schedule
+(``optimizer``), checkpoints (``checkpoint``), settings (``options``),
+where weights and tokenizer come from (``source``).
+
+Randomness. Sampling and mini-batch shuffling draw from one
+``torch.Generator`` owned by the group and saved with it, so a run resumed
+from a checkpoint continues bit-identically. (LoRA dropout, if configured,
+draws from the global torch RNG, which the trainer seeds.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, ClassVar, Iterator, Optional, Sequence
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from unimas.config import GenerationConfig
+from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
+from unimas.groups.torch import checkpoint, optimizer, sampling, training
+from unimas.groups.torch import source as source_of
+from unimas.groups.torch.chars import check_known
+from unimas.groups.torch.layout import layout_batch
+from unimas.groups.torch.options import TorchOptions
+from unimas.groups.torch.training import SupervisedExample
+
+log = logging.getLogger(__name__)
+
+
+class TorchModelGroup(ModelGroup):
+    """One causal LM (plus optional LoRA adapters) in this process."""
+
+    options: ClassVar[type[TorchOptions]] = TorchOptions
+
+    def __init__(self, spec: GroupSpec, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 device: torch.device):
+        adapters = list(dict.fromkeys(spec.adapters))
+        config = spec.config
+        if adapters and config.lora is None:
+            raise ValueError(f"model group '{spec.name}': roles use adapters {adapters} but the group has no "
+                             "'lora' section")
+        self.spec = spec
+        self.name = spec.name
+        self.config = config
+        self.trainable = config.trainable
+        self.tokenizer = tokenizer
+        self.pad_id: int = tokenizer.pad_token_id
+        self.device = device
+        self.adapters = adapters
+        self.model = self._wrap_lora(model, spec.seed).to(device).eval()
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(spec.seed)
+        self.truncated_prompts = 0
+        self.train_params = self._mark_trainable()
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.scheduler: Optional[torch.optim.lr_scheduler.LambdaLR] = None
+        self._reference: Optional[torch.nn.Module] = None
+        self._lock = threading.RLock()
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.eos_ids = sorted({tokenizer.eos_token_id, *eos} - {None})
+        if not self.eos_ids:
+            raise ValueError(f"model group '{self.name}': the tokenizer has no EOS token")
+        self.logit_bias = self._special_token_bias()
+        cfg = model.config
+        self.max_positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+    @classmethod
+    def build(cls, spec: GroupSpec) -> "TorchModelGroup":
+        """Build from a local HF dir (``path``), a tiny spec (``tiny``) or a checkpoint (``init_from``)."""
+        options = spec.options if isinstance(spec.options, TorchOptions) else TorchOptions.model_validate(spec.options)
+        spec.options = options
+        use_gpu = spec.config.resources.gpus > 0 and torch.cuda.is_available()
+        model, tokenizer, source = source_of.load_model(options, spec.name, spec.seed)
+        group = cls(spec, model, tokenizer, torch.device("cuda" if use_gpu else "cpu"))
+        if source is not None:
+            checkpoint.load_adapters(group, source, missing_ok=True)
+            if not group.adapters and (source / checkpoint.ADAPTER_DIR).exists():
+                log.warning("model group '%s': ignoring the LoRA adapters in %s (no 'lora' section)", spec.name, source)
+        return group
+
+    @classmethod
+    def vocabulary(cls, options: Any) -> Optional[list[str]]:
+        """Token texts for a stand-in model, from the tokenizer alone; see :func:`source.vocabulary`."""
+        options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
+        return source_of.vocabulary(options)
+
+    # ----------------------------------------------------------------- setup
+
+    def _wrap_lora(self, model: PreTrainedModel, seed: int) -> torch.nn.Module:
+        """Add one LoRA adapter per name; their random init is seeded and leaves the global RNG alone."""
+        if not self.adapters:
+            return model
+        from peft import LoraConfig, get_peft_model
+
+        lora = self.config.lora
+
+        def peft_config() -> LoraConfig:
+            return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                              target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = get_peft_model(model, peft_config(), adapter_name=self.adapters[0])
+            for adapter in self.adapters[1:]:
+                model.add_adapter(adapter, peft_config())
+        return model
+
+    def _mark_trainable(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimiser owns: adapters (+ base if train_base), all, or none."""
+        train_base = self.config.lora is None or self.config.lora.train_base
+        params = [p for key, p in self.model.named_parameters() if self.trainable and ("lora_" in key or train_base)]
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        for p in params:
+            p.requires_grad_(True)
+        return params
+
+    def _special_token_bias(self) -> torch.Tensor:
+        """-1e9 on ids a response must never contain: pad/bos/unk (unless EOS) and ids past the tokenizer.
+
+        Applied to the logits in sampling and in training alike, so log-probs
+        stay consistent; finite so that entropies stay finite (0 * -1e9 = 0).
+        """
+        size = self.base_model().get_output_embeddings().weight.shape[0]
+        banned = {self.tokenizer.pad_token_id, self.tokenizer.bos_token_id, self.tokenizer.unk_token_id}
+        bias = torch.zeros(size)
+        bias[sorted(banned - set(self.eos_ids) - {None})] = -1e9
+        bias[len(self.tokenizer):] = -1e9
+        return bias.to(self.device)
+
+    def base_model(self) -> PreTrainedModel:
+        """The plain transformers model under any PEFT wrapper."""
+        return self.model.get_base_model() if self.adapters else self.model
+
+    @property
+    def has_reference_copy(self) -> bool:
+        return self._reference is not None
+
+    def reference_model(self) -> torch.nn.Module:
+        """The frozen copy of the weights the KL term compares against, made on first use."""
+        if self._reference is None:
+            self._reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        return self._reference
+
+    @contextlib.contextmanager
+    def route(self, model: torch.nn.Module, adapter: Optional[str]) -> Iterator[None]:
+        """Route forwards of ``model`` (this group's or its reference copy) through ``adapter``.
+
+        None means the base model with adapters off.
+        """
+        if adapter is not None and adapter not in self.adapters:
+            raise ValueError(f"model group '{self.name}' has no adapter '{adapter}' (it has: {self.adapters})")
+        if not self.adapters:
+            yield
+        elif adapter is None:
+            with model.disable_adapter():
+                yield
+        else:
+            if model.active_adapter != adapter:
+                # peft would toggle requires_grad per adapter; every trainable adapter stays trainable here.
+                model.set_adapter(adapter, inference_mode=True)
+                if model is self.model:
+                    for p in self.train_params:
+                        p.requires_grad_(True)
+            yield
+
+    def optimizer_for_update(self) -> torch.optim.Optimizer:
+        """The AdamW optimiser (and its learning-rate schedule), made on first use."""
+        if not self.trainable:
+            raise RuntimeError(f"model group '{self.name}' is frozen (trainable: false) and cannot be updated")
+        if not self.train_params:
+            raise RuntimeError(
+                f"model group '{self.name}' has no trainable parameters (lora without adapters and train_base off)")
+        if self.optimizer is None:
+            self.optimizer = optimizer.build_optimizer(self.train_params, self.config.optim)
+            self.scheduler = optimizer.build_scheduler(self.optimizer, self.config.optim, self.spec.total_updates)
+        return self.optimizer
+
+    # ------------------------------------------------------------ generation
+
+    def fit_prompts(self, texts: Sequence[str], reserve: int) -> list[list[int]]:
+        """Token ids of prompts (one tokenizer call for the batch), each fitted by :meth:`_fit_prompt`."""
+        encoded = self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
+        return [self._fit_prompt(text, ids, reserve) for text, ids in zip(texts, encoded)]
+
+    def _fit_prompt(self, text: str, ids: list[int], reserve: int) -> list[int]:
+        """Check the characters and cut the prompt from the left so that ``reserve`` more tokens fit."""
+        check_known(self.tokenizer, text, ids)
+        if not ids:
+            ids = [self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_ids[0]]
+        if self.max_positions is None:
+            return ids
+        limit = self.max_positions - reserve
+        if limit < 1:
+            raise ValueError(f"{reserve} new tokens do not fit model group '{self.name}' "
+                             f"({self.max_positions} positions)")
+        if len(ids) > limit:
+            self.truncated_prompts += 1
+            log.warning("model group '%s': prompt of %d tokens cut to its last %d", self.name, len(ids), limit)
+            ids = ids[-limit:]
+        return ids
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Sample every request; requests sharing (adapter, settings) run as one batch."""
+        buckets: dict[tuple, list[int]] = defaultdict(list)
+        for i, req in enumerate(requests):
+            gen = req.generation
+            greedy = req.greedy or gen.temperature == 0
+            sampling_key = () if greedy else (gen.temperature, gen.top_k, gen.top_p)
+            buckets[(req.adapter, gen.max_new_tokens, greedy, sampling_key)].append(i)
+        results: list[Optional[GenResult]] = [None] * len(requests)
+        with self._lock, torch.inference_mode():
+            self.model.eval()
+            for (adapter, _, greedy, _), rows in buckets.items():
+                first = requests[rows[0]]
+                outs = self._generate_batch([requests[i].prompt for i in rows], first.generation, greedy, adapter)
+                for i, out in zip(rows, outs):
+                    results[i] = out
+        return results
+
+    def _generate_batch(self, prompts: list[str], gen: GenerationConfig, greedy: bool,
+                        adapter: Optional[str]) -> list[GenResult]:
+        prompt_ids = self.fit_prompts(prompts, gen.max_new_tokens)
+        batch = layout_batch(prompt_ids, [[]] * len(prompt_ids), self.pad_id, self.device)
+        with self.route(self.model, adapter):
+            token_rows, logprob_rows = sampling.sample_tokens(
+                self.model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                logit_bias=self.logit_bias, generator=self.generator)
+        return sampling.to_results(self.tokenizer, prompt_ids, token_rows, logprob_rows, self.eos_ids,
+                                   exact=sampling.logprobs_are_exact(gen, greedy))
+
+    # -------------------------------------------------------------- training
+
+    def response_logprobs(self, model: torch.nn.Module, turns: Sequence[TrainTurn],
+                          adapters: Sequence[Optional[str]],
+                          entropy: bool = False) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """(log-probs, entropies, mask) of the turns' responses; see :func:`training.compute_logprobs`."""
+        return training.compute_logprobs(self, model, turns, adapters, entropy)
+
+    def reference_logprobs(self, turns: Sequence[TrainTurn]) -> torch.Tensor:
+        """Log-probs under the frozen KL reference; see :func:`training.compute_reference_logprobs`."""
+        return training.compute_reference_logprobs(self, turns)
+
+    def update(self, turns: list[TrainTurn]) -> dict[str, float]:
+        """PPO epochs over shuffled mini-batches with ``spec.algorithm``; then one learning-rate schedule step.
+
+        ``lr`` in the metrics is the rate this update used.
+        """
+        with self._lock:
+            opt = self.optimizer_for_update()
+            lr = optimizer.current_lr(opt)
+            metrics = training.ppo_update(self, turns, opt) if turns else dict.fromkeys(training.UPDATE_METRICS, 0.0)
+            metrics["lr"] = lr
+            optimizer.advance(self.scheduler)
+            return metrics
+
+    def train_supervised(self, examples: list[SupervisedExample]) -> float:
+        """One AdamW step on the token-mean cross-entropy of responses (+EOS) given prompts.
+
+        A torch-only warm start (``examples/arith_warm_start.py``); it does not
+        advance the learning-rate schedule, which counts RL updates.
+        """
+        if not examples:
+            raise ValueError("train_supervised needs at least one example")
+        with self._lock:
+            opt = self.optimizer_for_update()
+            return training.supervised_step(self, training.supervised_turns(self, examples), opt)
+
+    def num_parameters(self) -> dict[str, int]:
+        """Total and trainable parameter counts (``benchmarks/sharing.py`` reports them)."""
+        return {"total": sum(p.numel() for p in self.model.parameters()),
+                "trainable": sum(p.numel() for p in self.train_params)}
+
+    # ----------------------------------------------------------- checkpoints
+
+    def save(self, directory: Path) -> None:
+        """``model/``, ``adapters/<name>/``, ``reference/``, optimiser, schedule and RNG state."""
+        with self._lock:
+            checkpoint.save_group(self, Path(directory))
+
+    def load(self, directory: Path) -> None:
+        """Restore what :meth:`save` wrote, in place (resume bit-identically)."""
+        with self._lock:
+            checkpoint.load_group(self, Path(directory))

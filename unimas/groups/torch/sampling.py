@@ -1,0 +1,115 @@
+"""Batched sampling with a KV cache, and the log-probs that go with it.
+
+The log-prob reported for each sampled token is taken under
+``softmax(logits / T)`` *before* any top-k / top-p filtering, because that is
+the distribution the update recomputes. When a filter is active the two
+differ, so the result says its log-probs are not exact and the update
+recomputes them (see :func:`logprobs_are_exact`).
+
+All randomness comes from the group's ``torch.Generator`` (passed in), drawn
+once per decoding step in a fixed order, so a resumed run samples the same
+tokens as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from unimas.config import GenerationConfig
+from unimas.groups.base import GenResult
+from unimas.groups.torch.layout import PaddedBatch
+
+
+def logprobs_are_exact(gen: GenerationConfig, greedy: bool) -> bool:
+    """True when the reported log-probs are the ones training recomputes (no renormalising filter)."""
+    return greedy or (gen.top_k == 0 and gen.top_p == 1.0)
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf (the best token always survives)."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop_sorted = probs.cumsum(-1) - probs > top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def pick_tokens(
+    logits: torch.Tensor, gen: GenerationConfig, greedy: bool, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens and their log-probs under softmax(logits / T) (T = 1 when greedy)."""
+    if greedy:
+        logp = logits.log_softmax(-1)
+        tokens = logp.argmax(-1)
+    else:
+        logp = (logits / gen.temperature).log_softmax(-1)
+        probs = filter_logits(logp, gen.top_k, gen.top_p).softmax(-1)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def sample_tokens(
+    model: torch.nn.Module,
+    batch: PaddedBatch,
+    gen: GenerationConfig,
+    greedy: bool,
+    *,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    logit_bias: torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Decode up to ``gen.max_new_tokens`` for a prompt-only batch; (token rows, log-prob rows).
+
+    Rows that produced EOS keep decoding pad tokens until every row is done
+    (cheaper than shrinking the cache); :func:`to_results` cuts them off.
+    The caller routes ``model`` to the right adapter and disables autograd.
+    """
+    device = batch.input_ids.device
+    eos = torch.tensor(list(eos_ids), device=device)
+    mask, position = batch.attention_mask, batch.position_ids[:, -1:]
+    done = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool, device=device)
+    tokens, logprobs = [], []
+    out = model(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
+                use_cache=True, logits_to_keep=1)
+    for step in range(gen.max_new_tokens):
+        token, logprob = pick_tokens(out.logits[:, -1].float() + logit_bias, gen, greedy, generator)
+        token = token.masked_fill(done, pad_id)
+        tokens.append(token)
+        logprobs.append(logprob)
+        done = done | torch.isin(token, eos)
+        if step + 1 == gen.max_new_tokens or bool(done.all()):
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        position = position + 1
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position,
+                    past_key_values=out.past_key_values, use_cache=True)
+    return torch.stack(tokens, 1).tolist(), torch.stack(logprobs, 1).tolist()
+
+
+def to_results(
+    tokenizer: PreTrainedTokenizerBase,
+    prompt_ids: Sequence[list[int]],
+    token_rows: Sequence[list[int]],
+    logprob_rows: Sequence[list[float]],
+    eos_ids: Sequence[int],
+    exact: bool,
+) -> list[GenResult]:
+    """Cut each row after its first EOS (kept: it is a trained token) and decode the text."""
+    eos_set = set(eos_ids)
+    ends = [next((i + 1 for i, t in enumerate(row) if t in eos_set), None) for row in token_rows]
+    responses = [row[: end or len(row)] for row, end in zip(token_rows, ends)]
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    return [
+        GenResult(text=text, prompt_ids=ids, response_ids=response, logprobs=lps[: len(response)],
+                  finished=end is not None, logprobs_exact=exact)
+        for text, ids, response, lps, end in zip(texts, prompt_ids, responses, logprob_rows, ends)
+    ]

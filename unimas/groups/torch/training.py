@@ -1,0 +1,205 @@
+"""Log-probs for training, and the PPO/GRPO update loop.
+
+The objective itself is not written here: every mini-batch calls
+:func:`unimas.algorithms.compose_loss`, the one loss composition all backends
+share. This module only produces its inputs (current, old and reference
+log-probs, entropies, per-token advantages) and runs the optimiser.
+
+The loops reach the two forwards through the group's ``response_logprobs``
+and ``reference_logprobs`` methods, so a profiler can wrap them on one
+instance (``benchmarks/common.py`` does) without touching this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+
+from unimas import algorithms
+from unimas.config import AlgorithmConfig
+from unimas.groups.base import TrainTurn
+from unimas.groups.torch.chars import check_known
+from unimas.groups.torch.layout import layout_batch, pad_rows
+
+if TYPE_CHECKING:
+    from unimas.groups.torch.group import TorchModelGroup
+
+@dataclass
+class SupervisedExample:
+    """One prompt -> response pair for ``TorchModelGroup.train_supervised`` (EOS is appended)."""
+
+    prompt: str
+    response: str
+    adapter: Optional[str] = None
+
+
+UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "lr", "tokens",
+                  "update_time_s")
+
+
+def compute_logprobs(
+    group: "TorchModelGroup",
+    model: torch.nn.Module,
+    turns: Sequence[TrainTurn],
+    adapters: Sequence[Optional[str]],
+    entropy: bool = False,
+) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """(log-probs, entropies, mask) of the response tokens, (turns, R), rows in ``turns`` order.
+
+    Turns of different adapters go through separate forwards (one per
+    adapter); the results are stitched back into one tensor so that the loss
+    is aggregated over the whole mini-batch at once. Logits get the group's
+    logit bias and each turn's sampling temperature, as in sampling.
+    """
+    width = max(len(t.response_ids) for t in turns)
+    by_adapter: dict[Optional[str], list[int]] = defaultdict(list)
+    for i, adapter in enumerate(adapters):
+        by_adapter[adapter].append(i)
+    parts_lp, parts_ent, parts_mask, order = [], [], [], []
+    for adapter, rows in by_adapter.items():
+        sub = [turns[i] for i in rows]
+        batch = layout_batch([t.prompt_ids for t in sub], [t.response_ids for t in sub], group.pad_id, group.device)
+        temps = torch.tensor([t.temperature or 1.0 for t in sub], device=group.device)
+        size = batch.response.shape[1]
+        with group.route(model, adapter):
+            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        position_ids=batch.position_ids, use_cache=False, logits_to_keep=size + 1)
+        logp_all = ((out.logits[:, :-1].float() + group.logit_bias) / temps[:, None, None]).log_softmax(-1)
+        pad = (0, width - size)
+        parts_lp.append(torch.nn.functional.pad(logp_all.gather(-1, batch.response[..., None]).squeeze(-1), pad))
+        parts_mask.append(torch.nn.functional.pad(batch.response_mask, pad))
+        if entropy:
+            parts_ent.append(torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), pad))
+        order.extend(rows)
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order)] = torch.arange(len(order))
+    inverse = inverse.to(group.device)
+    ent = torch.cat(parts_ent)[inverse] if entropy else None
+    return torch.cat(parts_lp)[inverse], ent, torch.cat(parts_mask)[inverse]
+
+
+def compute_reference_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> torch.Tensor:
+    """Log-probs under the frozen reference: the base with adapters off, or a lazy copy.
+
+    Computed under ``inference_mode`` (no autograd bookkeeping at all) and
+    cloned out of it, because the KL term later combines it with tensors
+    that do record gradients.
+    """
+    if group.adapters and not group.config.lora.train_base:
+        model, adapters = group.model, [None] * len(turns)
+    else:
+        model, adapters = group.reference_model(), [t.adapter for t in turns]
+    with torch.inference_mode():
+        reference = group.response_logprobs(model, turns, adapters)[0]
+    return reference.clone()
+
+
+def old_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTurn], chunk: int) -> list[list[float]]:
+    """The "old policy" log-probs of each turn: as reported at sampling when exact, else recomputed now.
+
+    Recomputation (for turns sampled with top-k / top-p, or whose log-probs do
+    not match their tokens) happens once, before the first epoch, with the
+    current weights in eval mode, ``chunk`` turns per forward.
+    """
+    rows: list[Optional[list[float]]] = [
+        list(t.rollout_logprobs) if t.rollout_logprobs_exact and len(t.rollout_logprobs) == len(t.response_ids)
+        else None
+        for t in turns
+    ]
+    stale = [i for i, row in enumerate(rows) if row is None]
+    for begin in range(0, len(stale), chunk):
+        part = [turns[i] for i in stale[begin: begin + chunk]]
+        with torch.inference_mode():
+            logp, _, _ = group.response_logprobs(group.model, part, [t.adapter for t in part])
+        for i, turn, values in zip(stale[begin: begin + chunk], part, logp.tolist()):
+            rows[i] = values[: len(turn.response_ids)]
+    return rows  # type: ignore[return-value]
+
+
+def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """PPO epochs over shuffled mini-batches; metrics are means over optimiser steps."""
+    algorithm = group.spec.algorithm
+    if group.spec.policy_loss is None:
+        raise RuntimeError(f"model group '{group.name}': no policy loss was resolved for '{algorithm.loss}'")
+    for t in turns:
+        if not t.response_ids:
+            raise ValueError("every turn needs a non-empty response")
+    start = time.perf_counter()
+    size = algorithm.mini_batch_size or len(turns)
+    old = old_logprobs(group, turns, size)
+    sums: dict[str, float] = defaultdict(float)
+    steps = 0
+    group.model.train()
+    try:
+        for _ in range(algorithm.ppo_epochs):
+            order = list(range(len(turns)))
+            if size < len(turns):
+                order = torch.randperm(len(turns), generator=group.generator, device=group.device).tolist()
+            for begin in range(0, len(turns), size):
+                rows = order[begin: begin + size]
+                step = ppo_step(group, [turns[i] for i in rows], [old[i] for i in rows], algorithm, optimizer)
+                for key, value in step.items():
+                    sums[key] += value
+                steps += 1
+    finally:
+        group.model.eval()
+    metrics = {key: value / max(steps, 1) for key, value in sums.items()}
+    metrics["tokens"] = float(sum(len(t.response_ids) for t in turns))
+    metrics["update_time_s"] = time.perf_counter() - start
+    return metrics
+
+
+def ppo_step(
+    group: "TorchModelGroup",
+    turns: list[TrainTurn],
+    old: list[list[float]],
+    algorithm: AlgorithmConfig,
+    optimizer: torch.optim.Optimizer,
+) -> dict[str, float]:
+    """One optimiser step on one mini-batch."""
+    logp, entropy, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns], entropy=True)
+    if algorithm.entropy_coef <= 0:
+        entropy = entropy.detach()
+    old_logp = pad_rows(old, mask.shape[1], group.device)
+    advantages = torch.tensor([float(t.advantage) for t in turns], device=group.device)[:, None] * mask
+    reference = group.reference_logprobs(turns) if algorithm.kl_coef > 0 else None
+    loss, metrics = algorithms.compose_loss(group.spec.policy_loss, algorithm, log_prob=logp, old_log_prob=old_logp,
+                                            advantages=advantages, response_mask=mask, entropy=entropy,
+                                            ref_log_prob=reference)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(group.train_params, group.config.optim.grad_clip)
+    optimizer.step()
+    metrics["grad_norm"] = float(grad_norm)
+    return metrics
+
+
+def supervised_turns(group: "TorchModelGroup", examples: Sequence[SupervisedExample]) -> list[TrainTurn]:
+    """Examples as turns: the response (+EOS) tokenised, the prompt fitted to leave room for it."""
+    turns = []
+    for ex in examples:
+        response = group.tokenizer(ex.response, add_special_tokens=False)["input_ids"]
+        check_known(group.tokenizer, ex.response, response)
+        response = response + [group.eos_ids[0]]
+        prompt = group.fit_prompts([ex.prompt], len(response))[0]
+        turns.append(TrainTurn(prompt, response, rollout_logprobs=[], advantage=0.0, adapter=ex.adapter))
+    return turns
+
+
+def supervised_step(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torch.optim.Optimizer) -> float:
+    """One AdamW step on the token-mean cross-entropy of the turns' responses given their prompts."""
+    group.model.train()
+    try:
+        logp, _, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns])
+        loss = -(logp * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(group.train_params, group.config.optim.grad_clip)
+        optimizer.step()
+    finally:
+        group.model.eval()
+    return float(loss.detach())

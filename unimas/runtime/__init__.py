@@ -1,1 +1,0 @@
-"""The star: controller-side routing and the transports to model groups."""
