@@ -15,8 +15,8 @@ verl run and a plugin can add (or shadow) any name:
 
     loss = policy_loss - entropy_coef * entropy + kl_coef * KL(policy || reference)
 
-Every backend calls it, so the torch backend and the verl backend optimise
-the same thing. This is the only module that imports verl; the imports sit
+Every backend calls it (the torch backend today, a verl backend next), so
+they all optimise the same thing. This is the only module that imports verl; the imports sit
 inside functions because ``import verl`` costs seconds and commands that
 never train should not pay for it.
 """

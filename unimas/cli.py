@@ -72,7 +72,7 @@ def _fail(exc: BaseException, code: int, debug: bool) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    from unimas import commands
+    from unimas import commands  # loads torch and the trainer: `unimas --help` and parse errors need neither
 
     return getattr(commands, f"cmd_{args.command}")(args)
 

@@ -8,6 +8,7 @@ from collections import defaultdict
 
 from unimas.api import train
 from unimas.config_file import dump_config, load_config
+from unimas.dry_run import describe_dry_run, dry_run
 from unimas.errors import UserError
 from unimas.experiment import Experiment
 from unimas.groups.placement import placement_plan
@@ -31,8 +32,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"ok: {args.config}")
     print(summary(experiment))
     if args.episodes:
-        from unimas.dry_run import describe_dry_run, dry_run
-
         print(describe_dry_run(experiment, dry_run(experiment, args.episodes)))
     return 0
 

@@ -77,8 +77,8 @@ class ModelGroupConfig(Strict):
 
     backend: str = Field("torch", description="registered backend that builds the group (`unimas plugins`)")
     options: dict[str, Any] = Field(default_factory=dict, description="backend settings, validated by the backend "
-                                    "(torch: path / tiny / init_from / dtype; openai: endpoint / api_model / "
-                                    "api_key_env); relative paths are relative to the config file")
+                                    "(see Backend options below); `path` and `init_from` are relative to the "
+                                    "config file")
     trainable: bool = Field(True, description="false = frozen: the group only generates")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and learning-rate schedule")
     lora: Optional[LoraConfig] = Field(None, description="set to allow LoRA adapters per role on this group")

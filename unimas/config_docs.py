@@ -22,6 +22,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from unimas.config import ExperimentConfig
+from unimas.groups.openai import OpenAIOptions
+from unimas.groups.torch.options import TorchOptions
 
 REGENERATE = "python -m unimas.config_docs > docs/config.md"
 
@@ -31,9 +33,6 @@ PLACEHOLDERS = {"models": "group", "roles": "role", "nodes": "node"}
 
 def builtin_backend_options() -> list[tuple[str, type[BaseModel]]]:
     """``(backend name, options model)`` of the backends unimas ships."""
-    from unimas.groups.openai import OpenAIOptions
-    from unimas.groups.torch.options import TorchOptions
-
     return [("torch", TorchOptions), ("openai", OpenAIOptions)]
 
 

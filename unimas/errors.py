@@ -42,8 +42,10 @@ class ModelGroupError(RunError):
         super().__init__(f"model group '{group}' failed during {phase}: {type(cause).__name__}: {detail}{suffix}")
 
     def during(self, where: str, note: str) -> "ModelGroupError":
-        """The same failure, placed in the run (``step 3``) and saying what was tried."""
-        return ModelGroupError(self.group, f"{where} ({self.phase})", self.cause, note)
+        """The same failure, placed in the run and saying what was tried: ``step 3 (generate)``,
+        ``step 0 (evaluation, generate)``."""
+        place = f"{where[:-1]}, {self.phase})" if where.endswith(")") else f"{where} ({self.phase})"
+        return ModelGroupError(self.group, place, self.cause, note)
 
 
 class TrainingFailed(RunError):

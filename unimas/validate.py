@@ -113,14 +113,15 @@ def validate(config: ExperimentConfig, registry: Registry | None = None) -> Expe
     """Raise one UserError listing every problem, or return the resolved experiment."""
     registry = registry or build_registry(config.plugins)
     problems = check_config(config, registry)
-    if not problems and config.workflow.graph is not None:
+    if not problems:
         experiment = Experiment.resolve(config, registry)
-        task_keys = set().union(*(t.keys() for t in experiment.tasks("train")[:64]))
-        problems = check_graph_workflow(config, registry, task_keys)
+        if config.workflow.graph is not None:
+            task_keys = set().union(*(t.keys() for t in experiment.tasks("train")[:64]))
+            problems = check_graph_workflow(config, registry, task_keys)
     if problems:
         lines = "\n".join(f"  {where}: {message}" for where, message in problems)
         raise UserError(f"{len(problems)} problem(s) in the config:\n{lines}")
-    return Experiment.resolve(config, registry)
+    return experiment
 
 
 def summary(experiment: Experiment) -> str:
@@ -136,9 +137,9 @@ def summary(experiment: Experiment) -> str:
     for row in model_mapping(config.model_dump(mode="json")):
         options = config.models[row.group].options
         source = next((f"{key} {options[key]}" for key in ("path", "init_from", "endpoint") if key in options),
-                      "tiny model" if "tiny" in options else "")
-        lines.append(f"  {row.group}: {row.scheme}; backend {row.backend}; {source}; "
-                     f"roles: {', '.join(row.roles) or 'none'}")
+                      "tiny model" if "tiny" in options else None)
+        parts = [row.scheme, f"backend {row.backend}", source, f"roles: {', '.join(row.roles) or 'none'}"]
+        lines.append(f"  {row.group}: " + "; ".join(part for part in parts if part))
     if config.workflow.graph is not None:
         graph = config.workflow.graph
         lines.append(f"workflow: graph with {len(graph.nodes)} nodes, {len(graph.edges)} edges, start '{graph.start}'")

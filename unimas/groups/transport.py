@@ -14,6 +14,7 @@ from typing import Protocol
 
 from unimas.config import ExperimentConfig
 from unimas.groups.base import GenRequest, GenResult, TrainTurn
+from unimas.groups.local import LocalTransport
 from unimas.registry import Registry
 
 
@@ -41,6 +42,4 @@ def start_transport(config: ExperimentConfig, registry: Registry) -> Transport:
         from unimas.groups.ray_actors import RayTransport  # imports Ray: only for Ray runs
 
         return RayTransport.start(config)
-    from unimas.groups.local import LocalTransport
-
     return LocalTransport.start(config, registry)

@@ -38,8 +38,8 @@ class TorchOptions(BaseModel):
 
     path: Optional[str] = Field(None, description="local Hugging Face model directory (never downloaded)")
     tiny: Optional[TinyModelConfig] = Field(None, description="build a small random-init model from this spec")
-    init_from: Optional[str] = Field(None, description="a unimas checkpoint dir (e.g. from `unimas sft` or a "
-                                     "run's checkpoint) or a Hugging Face model dir to start from")
+    init_from: Optional[str] = Field(None, description="a unimas checkpoint dir (a group dir, or a run's "
+                                     "checkpoints/step_N) or a Hugging Face model dir to start from")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weight dtype")
 
     @model_validator(mode="after")
