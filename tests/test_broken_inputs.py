@@ -289,7 +289,7 @@ def test_dry_run_where_a_reward_fails_in_some_episodes(tmp_path, monkeypatch, ca
     config = write_config(tmp_path, lambda t: _with_reward(t, "fails_every_other", "trajectory"), plugins=[name])
     code, out, err = run(capsys, "validate", config, "--episodes", 8)
     assert code == 0, err
-    assert "failed x4: reward 'fails_every_other': ValueError: reward broke" in out
+    assert "failed x4: reward 'fails_every_other' (rewards.fails_every_other): ValueError: reward broke" in out
     assert f"{path}:{line_of(path, 'reward broke')}" in out
 
 

@@ -5,7 +5,6 @@ from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 from unimas.algorithms import Estimator
 from unimas.config_file import config_from_dict
 from unimas.credit import CreditAssigner
-from unimas.errors import UserError
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 
@@ -27,6 +26,10 @@ REWARDS = {
     "stranger": lambda t, task: {"critic": 1.0},
     "lost_turn": lambda t, task: {"verifier#7": 1.0},
     "broken": lambda t, task: 1 / 0,
+    "none": lambda t, task: None,
+    "text": lambda t, task: "1.0",
+    "nan": lambda t, task: float("nan"),
+    "inf_role": lambda t, task: {"solver": float("inf")},
 }
 
 
@@ -69,17 +72,24 @@ def test_a_reward_that_raises_fails_its_episode_and_names_the_line():
     assert traj.failed and "ZeroDivisionError" in traj.error and "test_credit.py:" in traj.error
 
 
-def test_reward_of_the_wrong_shape_is_a_user_error():
-    with pytest.raises(UserError, match="must return a number"):
-        assigner([{"name": "fix", "level": "trajectory"}]).allocate([episode("e", "t", True, True)])
-
-
-@pytest.mark.parametrize(("name", "level", "message"), [("stranger", "role", "'critic', which are not roles"),
-                                                        ("lost_turn", "turn", "'verifier#7', which are not turn")])
-def test_reward_keys_the_run_does_not_have_are_user_errors(name, level, message):
+@pytest.mark.parametrize(("name", "level", "message"), [
+    ("fix", "trajectory", "returned dict; at level 'trajectory' it must return a number"),
+    ("none", "trajectory", "returned NoneType"),
+    ("text", "trajectory", "returned str"),
+    ("nan", "trajectory", "returned nan; rewards must be finite"),
+    ("inf_role", "role", "returned inf; rewards must be finite"),
+    ("stranger", "role", "'critic', which are not roles"),
+    ("lost_turn", "turn", "'verifier#7', which are not turn"),
+])
+def test_a_reward_that_returns_something_unusable_fails_its_episode(name, level, message):
+    """Wrong shape, non-number, NaN/inf or keys the run lacks: the episode fails, naming the reward's definition."""
     credit = assigner([{"name": "team"}, {"name": name, "level": level}])
-    with pytest.raises(UserError, match=message):
-        credit.allocate([episode("e", "t", True, True)])
+    bad = episode("bad", "t", True, True)
+    credit.allocate([bad])
+    assert bad.failed and message in bad.error and f"rewards.{name}" in bad.error
+    assert "test_credit.py:" in bad.error  # where the reward is defined
+    assert all(turn.reward == 0.0 for turn in bad.turns())
+
 
 
 def test_grouping_keys():

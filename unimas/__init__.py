@@ -11,9 +11,9 @@ import pluggy
 
 from unimas.config import ExperimentConfig
 from unimas.controller.context import EpisodeContext
-from unimas.errors import ModelGroupError, UserError
+from unimas.errors import ModelGroupError, ParseError, UserError
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, NoOptions, TrainTurn
-from unimas.protocols import Backend, DatasetFactory, EstimatorFn, PolicyLossFn, Reward, Tool, Workflow
+from unimas.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 
 __version__ = "0.2.0"
@@ -49,11 +49,13 @@ __all__ = [
     "GenResult",
     "TrainTurn",
     "UserError",
+    "ParseError",
     "ModelGroupError",
     "Workflow",
     "Reward",
     "Tool",
     "DatasetFactory",
+    "ParserFactory",
     "EstimatorFn",
     "PolicyLossFn",
 ]

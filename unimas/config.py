@@ -10,22 +10,33 @@ file. Loading, ``--set`` overrides and error formatting: ``unimas.config_file``.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+"""Names that become path components (run, model group, adapter): no separators, no `..`, no leading dot."""
+
+
+def safe_name(value: str, what: str) -> str:
+    if not SAFE_NAME.fullmatch(value) or ".." in value:
+        raise ValueError(f"{what} {value!r} must be 1-64 letters, digits, '_', '.' or '-' (no '/', no '..', not "
+                         "starting with '.'): it names a directory in the run")
+    return value
 
 
 class Strict(BaseModel):
-    """Base of every config section: unknown keys are errors."""
+    """Base of every config section: unknown keys are errors, NaN and infinity are rejected."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class LoraConfig(Strict):
     """LoRA adapters on a model group (peft); each role with ``adapter:`` gets its own."""
 
     r: int = Field(8, ge=1, description="adapter rank")
-    alpha: float = Field(16.0, description="LoRA scaling numerator (peft `lora_alpha`; scale = alpha / r)")
+    alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (peft `lora_alpha`; scale = alpha / r)")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter input")
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
                                       description="names of the linear modules that get adapters")
@@ -43,6 +54,13 @@ class OptimConfig(Strict):
         "constant", description="learning-rate decay over `trainer.steps` updates, after warm-up")
     warmup_steps: int = Field(0, ge=0, description="updates with a linearly rising learning rate")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="floor of the decayed rate, as a fraction of `lr`")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= beta < 1 for beta in value):
+            raise ValueError(f"each AdamW beta must be in [0, 1), got {list(value)}")
+        return value
 
 
 class ResourcesConfig(Strict):
@@ -112,6 +130,7 @@ class RoleConfig(Strict):
 
     model: str = Field(..., description="name of the model group (key of `models`) that generates its turns")
     adapter: Optional[str] = Field(None, description="LoRA adapter name; needs `lora` on the model group")
+
     system: str = Field("", description="text prepended to every rendered prompt")
     template: str = Field(..., description="Python format string over the task and workflow variables, "
                           "e.g. 'S:{target}'")
@@ -121,6 +140,11 @@ class RoleConfig(Strict):
     trainable: bool = Field(True, description="false = the role acts but its turns are never trained on")
     parser: Optional[str] = Field(None, description="regex whose first group is the parsed answer; "
                                   "null = the stripped text")
+
+    @field_validator("adapter")
+    @classmethod
+    def _safe_adapter(cls, value: Optional[str]) -> Optional[str]:
+        return value if value is None else safe_name(value, "adapter name")
 
 
 class GraphNodeConfig(Strict):
@@ -197,14 +221,14 @@ class AlgorithmConfig(Strict):
     loss_agg_mode: str = Field("token-mean", description="verl reduction of token losses: token-mean, token-sum, "
                                "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm")
     clip_ratio: float = Field(0.2, gt=0, description="PPO clip range (both sides unless overridden)")
-    clip_ratio_low: Optional[float] = Field(None, description="lower clip range; null = `clip_ratio`")
-    clip_ratio_high: Optional[float] = Field(None, description="upper clip range; null = `clip_ratio`")
+    clip_ratio_low: Optional[float] = Field(None, gt=0, description="lower clip range; null = `clip_ratio`")
+    clip_ratio_high: Optional[float] = Field(None, gt=0, description="upper clip range; null = `clip_ratio`")
     kl_coef: float = Field(0.0, ge=0, description="weight of KL to the initial (reference) policy; 0 = off")
     kl_type: str = Field("low_var_kl", description="KL estimator: kl/k1, abs, mse/k2, low_var_kl/k3")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight; 0 = off")
     ppo_epochs: int = Field(1, ge=1, description="passes over a step's turns")
     mini_batch_size: int = Field(0, ge=0, description="turns per optimiser step; 0 = whole batch")
-    gamma: float = Field(1.0, description="discount handed to the estimator (verl `AlgoConfig.gamma`)")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount handed to the estimator (verl `AlgoConfig.gamma`)")
 
 
 class StopCondition(Strict):
@@ -231,7 +255,7 @@ class TrainerConfig(Strict):
     """The training loop: steps, evaluation, checkpoints, early stop."""
 
     steps: int = Field(100, ge=0, description="training steps: rollouts, then one update per trainable group")
-    seed: int = Field(0, description="seeds task sampling, the dataset and torch")
+    seed: int = Field(0, ge=0, lt=2**31, description="seeds task sampling, the dataset and torch")
     tasks_per_step: int = Field(32, ge=1, description="tasks sampled per step; each runs `group_size` episodes")
     save_every: int = Field(0, ge=0, description="checkpoint every N steps; 0 = only at the end")
     eval_every: int = Field(10, ge=0, description="evaluate every N steps; 0 = only at start and end")
@@ -242,8 +266,13 @@ class TrainerConfig(Strict):
     stop_at_accuracy: Optional[float] = Field(None, ge=0, le=1, description="shorthand for stop_when: "
                                               "{metric: eval/accuracy, at_least: X}")
     stop_when: Optional[StopCondition] = Field(None, description="end early once a logged metric crosses a threshold")
-    failure_budget: float = Field(0.5, ge=0, le=1, description="max fraction of failed episodes per step before "
-                                  "the run stops; 0 = none may fail")
+    failure_budget: float = Field(0.5, ge=0, le=1, description="max fraction of failed episodes in a step; a "
+                                  "step over it skips its update")
+    max_failed_steps: int = Field(1, ge=1, description="consecutive steps over `failure_budget` that stop the run "
+                                  "(1 = the first one)")
+    on_nonfinite: Literal["skip", "stop"] = Field("skip", description="a NaN/inf advantage or loss: `skip` that "
+                                                  "update (counted in metrics) or `stop` the run")
+    keep_checkpoints: int = Field(0, ge=0, description="complete checkpoints kept, newest first; 0 = all")
 
 
 class RuntimeConfig(Strict):
@@ -257,6 +286,9 @@ class RuntimeConfig(Strict):
                                    "null = start a private local one")
     restart_failed_groups: bool = Field(False, description="restart a failed group from the last checkpoint "
                                         "and retry once, instead of stopping the run")
+    tool_timeout_s: float = Field(60.0, gt=0, description="a tool call running longer fails (recorded on its node)")
+    episode_timeout_s: float = Field(600.0, gt=0, description="an episode running longer fails (recorded); "
+                                     "bounds workflows that never return")
 
 
 class LoggingConfig(Strict):
@@ -284,6 +316,18 @@ class ExperimentConfig(Strict):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="the training loop")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="where groups run, batching")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="metric sinks")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_run_name(cls, value: str) -> str:
+        return safe_name(value, "run name")
+
+    @field_validator("models")
+    @classmethod
+    def _safe_group_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for group in value:
+            safe_name(group, "model group name")
+        return value
 
     @property
     def stop_condition(self) -> Optional[StopCondition]:

@@ -2,6 +2,12 @@
 
 ``--set a.b=c`` overrides are applied to the raw YAML tree before
 validation, so they get the same checks as the file.
+
+The file is untrusted text, so reading it is bounded: its size, its
+nesting depth and the size of the tree its aliases expand to (a "billion
+laughs" file is a few hundred bytes). Duplicate keys are errors (plain YAML
+keeps the last one silently), and only JSON-like values are built: dates
+stay strings, ``!!binary``, ``!!set``, ``!!omap`` and ``!!pairs`` are refused.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError
+from yaml.constructor import ConstructorError
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from unimas.config import ExperimentConfig
 from unimas.errors import UserError
@@ -18,12 +26,105 @@ from unimas.errors import UserError
 PATH_OPTIONS = ("path", "init_from")
 """Backend options that name files: relative values are relative to the config file."""
 
+MAX_BYTES = 1 << 20
+MAX_DEPTH = 64
+MAX_NODES = 100_000
+"""Limits of a config file: size, nesting depth, and values once every alias is expanded."""
+
+_REFUSED_TAGS = ("binary", "set", "omap", "pairs")
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys, deep nesting and alias bombs while it composes."""
+
+    def __init__(self, stream: str, name: str = "<config>"):
+        super().__init__(stream)
+        self.name = name
+        self._depth = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> its size with aliases expanded
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            node = super().compose_node(parent, index)
+            if id(node) not in self._sizes:
+                raise ConstructorError(None, None, f"alias *{event.anchor} refers to the value that contains it",
+                                       event.start_mark)
+            return node
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise ConstructorError(None, None, f"nested more than {MAX_DEPTH} levels deep", event.start_mark)
+        node = super().compose_node(parent, index)
+        self._depth -= 1
+        children = node.value if isinstance(node, SequenceNode) else (
+            [item for pair in node.value for item in pair] if isinstance(node, MappingNode) else [])
+        size = 1 + sum(self._sizes[id(child)] for child in children)
+        if size > MAX_NODES:
+            raise ConstructorError(None, None, f"this value expands to more than {MAX_NODES} values (aliases "
+                                   "included); a config this large is a mistake or an alias bomb", event.start_mark)
+        self._sizes[id(node)] = size
+        return node
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise ConstructorError(None, None, f"duplicate key {key!r} (first at line {seen[key].line + 1}); "
+                                       "YAML would silently keep only the last one: remove or rename one",
+                                       key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep)
+
+    def _refuse(self, node: Node) -> Any:
+        raise ConstructorError(None, None, f"the tag {node.tag} is not supported in a config; write plain "
+                               "strings, numbers, lists and mappings", node.start_mark)
+
+
+BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+for _tag in _REFUSED_TAGS:
+    BoundedLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", BoundedLoader._refuse)
+
+
+def parse_yaml(text: str, name: str = "<config>") -> Any:
+    """The value of YAML ``text``, read by :class:`BoundedLoader`; raises ``yaml.YAMLError``."""
+    loader = BoundedLoader(text, name)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def read_config_text(path: Path) -> str:
+    """The text of a config file, or a UserError saying why it is not one."""
+    try:
+        if path.is_dir():
+            raise UserError("is a directory; give the experiment's YAML file", where=str(path))
+        if not path.is_file():
+            raise UserError("config file not found" if not path.exists() else "not a regular file", where=str(path))
+        if path.stat().st_size > MAX_BYTES:
+            raise UserError(f"config file is {path.stat().st_size} bytes; the limit is {MAX_BYTES} "
+                            "(put large data in a data file, not in the config)", where=str(path))
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"cannot read the config file: {exc.strerror or exc}", where=str(path)) from None
+    if b"\0" in data:
+        raise UserError("is a binary file, not YAML text", where=str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise UserError(f"is not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line}; save the file as UTF-8",
+                        where=str(path)) from None
+
 
 def _parse_scalar(text: str) -> Any:
     """Interpret a ``--set`` value the way YAML would (numbers, bools, null, lists)."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return parse_yaml(text, "--set")
+    except (yaml.YAMLError, RecursionError):
         return text
 
 
@@ -63,10 +164,9 @@ def config_from_dict(tree: dict, source: str = "<dict>") -> ExperimentConfig:
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
     path = Path(path)
+    text = read_config_text(path)
     try:
-        tree = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError("config file not found", where=str(path)) from None
+        tree = parse_yaml(text, str(path))
     except yaml.YAMLError as exc:
         raise UserError(f"not valid YAML: {exc}", where=str(path)) from None
     if not isinstance(tree, dict):
@@ -82,8 +182,12 @@ def _resolve_relative_paths(config: ExperimentConfig, base: Path) -> ExperimentC
     for group in config.models.values():
         for key in PATH_OPTIONS:
             value = group.options.get(key)
-            if isinstance(value, str) and not Path(value).is_absolute() and (base / value).exists():
-                group.options[key] = str((base / value).resolve())
+            if isinstance(value, str) and value and "\0" not in value and not Path(value).is_absolute():
+                try:
+                    if (base / value).exists():
+                        group.options[key] = str((base / value).resolve())
+                except OSError:  # a name too long for the file system: the backend's options check says so
+                    continue
     return config
 
 

@@ -27,6 +27,8 @@ spread) are computed here, once, and returned with the credited turns.
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -80,33 +82,42 @@ class CreditAssigner:
                                 if role.trainable and config.models[role.model].trainable}
 
     # -- 1. allocation ------------------------------------------------------
-    def _score(self, trajectory: GraphTrajectory, key: str, spec: RewardConfig) -> Any:
-        """One reward plugin on one episode, its return value checked against the level."""
-        value = self.functions[spec.name](trajectory, trajectory.task, **spec.params)
-        where = f"rewards.{key}"
+    def _score(self, trajectory: GraphTrajectory, spec: RewardConfig) -> Any:
+        """One reward plugin on one episode, its return value checked against the level.
+
+        A wrong shape, a NaN or a key the run does not have raises
+        :class:`RewardValueError`: a reward that misbehaves on some inputs fails
+        those episodes, like a reward that raises.
+        """
+        function = self.functions[spec.name]
+        value = function(trajectory, trajectory.task, **spec.params)
         if spec.level == "trajectory":
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise UserError(f"reward '{spec.name}' returned {type(value).__name__}; at level 'trajectory' it "
-                                "must return a number", where=where)
-            return float(value)
+                raise RewardValueError(f"returned {type(value).__name__}; at level 'trajectory' it must return a "
+                                       "number", function)
+            return _finite(float(value), function)
         if not isinstance(value, Mapping):
-            raise UserError(f"reward '{spec.name}' returned {type(value).__name__}; at level '{spec.level}' it "
-                            f"must return a dict of {spec.level} -> number", where=where)
+            raise RewardValueError(f"returned {type(value).__name__}; at level '{spec.level}' it must return a dict "
+                                   f"of {spec.level} -> number", function)
         known = set(self.config.roles) if spec.level == "role" else {t.id for t in trajectory.turns()}
         unknown = sorted(str(k) for k in value if str(k) not in known)
         if unknown:
             noun = "roles" if spec.level == "role" else "turn node ids in this episode"
-            raise UserError(f"reward '{spec.name}' returned {', '.join(map(repr, unknown))}, which are not {noun} "
-                            f"(known: {', '.join(sorted(known)) or 'none'}); its value would reach no turn",
-                            where=where)
-        return {str(k): float(v) for k, v in value.items()}
+            raise RewardValueError(f"returned {', '.join(map(repr, unknown))}, which are not {noun} (known: "
+                                   f"{', '.join(sorted(known)) or 'none'}); its value would reach no turn", function)
+        scored = {}
+        for k, v in value.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise RewardValueError(f"returned {type(v).__name__} for {k!r}; values must be numbers", function)
+            scored[str(k)] = _finite(float(v), function)
+        return scored
 
     def allocate(self, trajectories: Sequence[GraphTrajectory]) -> dict[str, float]:
         """Score every episode and write each turn's ``reward``; returns ``reward/<key>/<role>`` means.
 
-        A reward that raises fails its episode (recorded with the file and line
-        of the reward's code); a reward that returns the wrong shape is a
-        :class:`UserError`.
+        A reward that raises, returns the wrong shape or a non-finite number
+        fails its episode (recorded with the file and line of the reward's
+        code); the run goes on unless the failure budget is spent.
         """
         sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for trajectory in trajectories:
@@ -114,11 +125,11 @@ class CreditAssigner:
                 if trajectory.failed:
                     break
                 try:
-                    trajectory.rewards[key] = self._score(trajectory, key, spec)
+                    trajectory.rewards[key] = self._score(trajectory, spec)
                 except UserError:
                     raise
-                except Exception as exc:  # noqa: BLE001 - a reward bug fails the episode, not the run
-                    trajectory.fail(f"reward '{spec.name}': {describe(exc)}", exc)
+                except (Exception, SystemExit) as exc:  # noqa: BLE001 - a reward bug fails the episode, not the run
+                    trajectory.fail(f"reward '{spec.name}' (rewards.{key}): {describe(exc)}", exc)
             if trajectory.failed:
                 trajectory.rewards = {key: 0.0 if spec.level == "trajectory" else {} for key, spec in self.entries}
             for turn in trajectory.turns():
@@ -151,6 +162,7 @@ class CreditAssigner:
         turns = [CreditedTurn(t, turn, self.group_key(t, turn))
                  for t in trajectories if not t.failed
                  for turn in t.turns() if turn.role in self.trainable_roles and turn.response_ids]
+        metrics["credit/nonfinite_advantages"] = 0.0
         if not turns:
             return Credit([], metrics)
         # 3. estimation
@@ -160,8 +172,31 @@ class CreditAssigner:
         advantages = self.estimator(scores, index, norm_by_std=algorithm.norm_by_std, gamma=algorithm.gamma)
         for credited, value in zip(turns, advantages[:, 0].tolist()):
             credited.turn.advantage = value
-        metrics.update(_diagnostics(turns))
-        return Credit(turns, metrics)
+        finite = [c for c in turns if math.isfinite(c.turn.advantage)]
+        metrics["credit/nonfinite_advantages"] = float(len(turns) - len(finite))  # they never reach an optimiser
+        if finite:
+            metrics.update(_diagnostics(finite))
+        return Credit(finite, metrics)
+
+
+class RewardValueError(ValueError):
+    """A reward returned something unusable; the message points at the reward's definition."""
+
+    def __init__(self, problem: str, function: Callable[..., Any]):
+        super().__init__(f"{problem} (defined at {_source(function)})")
+
+
+def _source(function: Callable[..., Any]) -> str:
+    try:
+        return f"{inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]}"
+    except (TypeError, OSError):
+        return repr(function)
+
+
+def _finite(value: float, function: Callable[..., Any]) -> float:
+    if not math.isfinite(value):
+        raise RewardValueError(f"returned {value}; rewards must be finite", function)
+    return value
 
 
 def _diagnostics(turns: list[CreditedTurn]) -> dict[str, float]:

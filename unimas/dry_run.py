@@ -79,8 +79,9 @@ def dry_run(experiment: Experiment, episodes: int) -> DryRun:
         groups[name] = StandInGroup(name, list(vocabulary or []), group_seed(config.trainer.seed, name))
     router = Router(LocalTransport(groups, config, registry), config.runtime.max_batch_size,
                     config.runtime.max_wait_ms / 1000)
+    runtime = config.runtime
     controller = Controller(experiment.workflow, config.roles, router, experiment.tools,
-                            config.runtime.max_concurrent_episodes)
+                            runtime.max_concurrent_episodes, runtime.tool_timeout_s, runtime.episode_timeout_s)
     tasks = experiment.tasks("train")
     size = min(config.algorithm.group_size, episodes)
     specs = [EpisodeSpec(f"dry-{i}", f"dry-t{i // size}", tasks[(i // size) % len(tasks)]) for i in range(episodes)]

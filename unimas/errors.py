@@ -48,6 +48,10 @@ class ModelGroupError(RunError):
         return ModelGroupError(self.group, place, self.cause, note)
 
 
+class ParseError(ValueError):
+    """Raised by an output parser: the text holds no answer. Recorded on the turn, never a crash."""
+
+
 class TrainingFailed(RunError):
     """Too many episodes failed in one step (see ``trainer.failure_budget``)."""
 

@@ -8,13 +8,15 @@ so `validate`, `train` and `eval` see exactly the same objects.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from unimas.algorithms import Estimator, resolve_estimator
 from unimas.config import ExperimentConfig
 from unimas.credit import reward_keys
-from unimas.errors import UserError
+from unimas.errors import UserError, describe
 from unimas.registry import Registry, build_registry
 from unimas.workflow.graph import make_graph_workflow
 
@@ -27,6 +29,7 @@ class Experiment:
     tools: dict[str, Callable[..., Any]]
     rewards: dict[str, Callable[..., Any]]
     estimator: Estimator
+    _tasks: dict[str, list[dict]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def resolve(cls, config: ExperimentConfig, registry: Registry | None = None) -> "Experiment":
@@ -46,16 +49,30 @@ class Experiment:
         return cls(config, registry, workflow, tools, rewards, estimator)
 
     def tasks(self, split: str) -> list[dict]:
+        """The dataset's tasks for ``split``, each with an ``id``; loaded and checked once per split."""
+        if split not in self._tasks:
+            self._tasks[split] = self._load_tasks(split)
+        return [dict(task) for task in self._tasks[split]]
+
+    def _load_tasks(self, split: str) -> list[dict]:
         data = self.config.data
         params = data.eval_params if (split == "eval" and data.eval_params is not None) else data.params
         factory = self.registry.get("datasets", data.name, where="data.name")
         try:
             tasks = factory(split=split, seed=self.config.trainer.seed, **params)
+        except UserError:
+            raise
         except TypeError as exc:
             raise UserError(f"dataset '{data.name}' rejected its params: {exc}", where="data.params") from None
+        except Exception as exc:  # noqa: BLE001 - a dataset that raises is the plugin's bug or its input's
+            raise UserError(f"dataset '{data.name}' failed for split '{split}': {describe(exc)}",
+                            where="data") from None
+        if not isinstance(tasks, (list, tuple)):
+            raise UserError(f"dataset '{data.name}' returned a {type(tasks).__name__}; it must return a list of "
+                            "dicts, one per task", where="data.name")
         if not tasks:
             raise UserError(f"dataset '{data.name}' returned no tasks for split '{split}'", where="data")
-        return [dict(task, id=task.get("id", f"{split}-{i}")) for i, task in enumerate(tasks)]
+        return [_checked_task(task, i, split, data.name) for i, task in enumerate(tasks)]
 
     @property
     def primary_reward(self) -> str | None:
@@ -90,3 +107,22 @@ def _bind_params(workflow: Callable[..., Any], params: dict[str, Any]) -> Callab
 
     bound.__name__ = getattr(workflow, "__name__", "workflow")
     return bound
+
+
+def _checked_task(task: Any, index: int, split: str, dataset: str) -> dict:
+    """A task row as a dict with an ``id``; rows that are not JSON-like mappings are the data's mistake.
+
+    Tasks are written to trajectory files and checkpoints as JSON, so a value
+    that cannot be is refused here, naming the row, not halfway through a run.
+    """
+    where = f"data ({dataset}, {split} split, row {index})"
+    if not isinstance(task, Mapping):
+        raise UserError(f"a task must be a mapping of field -> value, got {type(task).__name__}: {task!r:.80}",
+                        where=where)
+    task = dict(task, id=task.get("id", f"{split}-{index}"))
+    try:
+        json.dumps(task)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise UserError(f"the task is not JSON-serialisable ({exc}); use strings, numbers, booleans, null, "
+                        "lists and string-keyed mappings", where=where) from None
+    return task

@@ -21,7 +21,7 @@ named ``unimas_*`` that matches no hook below, or one that lacks
 ``@unimas.hookimpl``, is an error too. See ``docs/plugins.md`` for runnable
 examples of every hook.
 
-Stability: these seven hooks and their signatures are stable (see
+Stability: these eight hooks and their signatures are stable (see
 ``docs/plugins.md``, "What is stable").
 """
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import pluggy
 
-from unimas.protocols import Backend, DatasetFactory, EstimatorFn, PolicyLossFn, Reward, Tool, Workflow
+from unimas.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
 
 hookspec = pluggy.HookspecMarker("unimas")
 
@@ -119,6 +119,33 @@ def unimas_datasets() -> dict[str, DatasetFactory]:
         @unimas.hookimpl
         def unimas_datasets():
             return {"letters": letters}
+    """
+
+
+@hookspec
+def unimas_parsers() -> dict[str, ParserFactory]:
+    """Return output parsers by name.
+
+    A parser factory takes the ``params`` of a role's ``parser:`` entry, checks
+    them (raise ``ValueError`` for bad ones: ``unimas validate`` reports it
+    under ``roles.<role>.parser``) and returns ``parse(text) -> answer``.
+    ``parse`` raises :class:`unimas.ParseError` with a reason when the text
+    holds no answer: the turn records it as ``parse_error`` and the episode
+    goes on. Built-ins: ``regex``, ``tagged``, ``boxed``, ``json``, ``code``,
+    ``first_line``, ``last_number``.
+
+    Example::
+
+        def after(marker="=>"):
+            def parse(text):
+                if marker not in text:
+                    raise unimas.ParseError(f"no {marker!r} in the output")
+                return text.rsplit(marker, 1)[1].strip()
+            return parse
+
+        @unimas.hookimpl
+        def unimas_parsers():
+            return {"after": after}
     """
 
 

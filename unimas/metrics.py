@@ -117,13 +117,41 @@ class MetricsWriter:
         self._handle.close()
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """Read ``metrics.jsonl``, ignoring a torn last line from a killed run."""
+def read_metrics(path: Path, skipped: list[tuple[int, str]] | None = None) -> list[dict[str, Any]]:
+    """Read ``metrics.jsonl``, keeping only records a reader can plot.
+
+    A torn last line (killed run), damaged or over-long lines and records
+    without an integer ``step`` are left out, each appended to ``skipped`` as
+    (line number, why) so a report can name what it did not show. Invalid
+    UTF-8 is replaced, not fatal. Raises ``OSError`` when the file cannot be read.
+    """
+    limit = 1 << 20  # a step's record is a few KB; longer lines are damage, not worth the memory
+    notes: list[tuple[int, str]] = [] if skipped is None else skipped
     records = []
-    with open(path) as handle:
-        for line in handle:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(iter(lambda: handle.readline(limit + 1), b""), start=1):
+            if len(raw) > limit:
+                while raw and not raw.endswith(b"\n"):  # drop the rest of the over-long line
+                    raw = handle.readline(limit)
+                notes.append((number, f"longer than {limit} bytes"))
                 continue
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("utf-8", errors="replace")
+                notes.append((number, "invalid UTF-8 (replaced)"))
+            try:
+                record = json.loads(text)
+            except (ValueError, RecursionError):  # also too-long integers and too-deep nesting
+                notes.append((number, "not valid JSON" if raw.endswith(b"\n") else "torn last line (run killed?)"))
+                continue
+            step = record.get("step") if isinstance(record, dict) else None
+            if not isinstance(record, dict):
+                notes.append((number, f"not a JSON object ({type(record).__name__})"))
+            elif isinstance(step, bool) or not isinstance(step, int):
+                notes.append((number, f"step is {json.dumps(step)[:40]}, not an integer"))
+            else:
+                records.append(record)
     return records

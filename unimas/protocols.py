@@ -7,7 +7,7 @@ satisfies them, nothing needs to inherit from them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Awaitable, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ClassVar, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,6 +42,15 @@ class DatasetFactory(Protocol):
     """``factory(split, seed, **params)``: the tasks of ``split`` (``train`` or ``eval``), one dict each."""
 
     def __call__(self, split: str, seed: int, **params: Any) -> list[dict[str, Any]]: ...
+
+
+class ParserFactory(Protocol):
+    """``factory(**params)`` checks its parameters and returns ``parse(text) -> answer``.
+
+    ``parse`` raises :class:`unimas.ParseError` with the reason when the text holds no answer.
+    """
+
+    def __call__(self, **params: Any) -> Callable[[str], Any]: ...
 
 
 class EstimatorFn(Protocol):

@@ -27,7 +27,7 @@ import pluggy
 from unimas import hookspecs
 from unimas.errors import UserError, describe
 
-KINDS = ("workflows", "rewards", "tools", "datasets", "estimators", "policy_losses", "backends")
+KINDS = ("workflows", "rewards", "tools", "datasets", "parsers", "estimators", "policy_losses", "backends")
 HOOK_NAMES = tuple(f"unimas_{kind}" for kind in KINDS)
 
 
@@ -108,7 +108,7 @@ def _load_entry_points(pm: pluggy.PluginManager, providers: dict[int, str], brok
         distribution = entry_point.dist.name if entry_point.dist else "unknown distribution"
         try:
             plugin = entry_point.load()
-        except Exception as exc:  # noqa: BLE001 - any import failure of a plugin is reported the same way
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - any import failure of a plugin is reported the same way
             line = f"'{entry_point.name}' ({entry_point.value}) from {distribution}: {describe(exc)}"
             broken.append(line)
             print(f"warning: plugin {line}; commands that need it will fail", file=sys.stderr)
@@ -119,7 +119,7 @@ def _load_entry_points(pm: pluggy.PluginManager, providers: dict[int, str], brok
 def _import_listed(module_name: str) -> Any:
     try:
         return importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - a module the config names must import: any failure is the user's
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a module the config names must import: any failure is the user's
         raise UserError(f"cannot import plugin module '{module_name}': {describe(exc)}", where="plugins") from None
 
 

@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
+from unimas import checkpoints
 from unimas.config_file import dump_config
 from unimas.controller.episodes import Controller, EpisodeSpec
 from unimas.controller.router import Router
@@ -28,8 +29,13 @@ from unimas.errors import ModelGroupError, TrainingFailed, UserError
 from unimas.experiment import Experiment
 from unimas.groups.base import TrainTurn
 from unimas.groups.transport import Transport
-from unimas.metrics import MetricsWriter, evaluation_metrics, rollout_metrics, throughput_metrics
-from unimas.rundir import RunDir, read_trainer_state, write_trainer_state
+from unimas.metrics import (
+    MetricsWriter,
+    evaluation_metrics,
+    rollout_metrics,
+    throughput_metrics,
+)
+from unimas.rundir import RunDir, mark_complete, read_trainer_state, write_trainer_state
 from unimas.trajectory import GraphTrajectory, write_jsonl
 
 T = TypeVar("T")
@@ -45,11 +51,13 @@ class Trainer:
         self.log = log or (lambda record: None)
         runtime = self.config.runtime
         self.controller = Controller(experiment.workflow, self.config.roles, self._new_router(), experiment.tools,
-                                     max_concurrent=runtime.max_concurrent_episodes)
+                                     max_concurrent=runtime.max_concurrent_episodes,
+                                     tool_timeout_s=runtime.tool_timeout_s, episode_timeout_s=runtime.episode_timeout_s)
         self.credit = CreditAssigner(self.config, experiment.rewards, experiment.estimator)
         self.train_tasks = experiment.tasks("train")
         self.eval_tasks = experiment.tasks("eval")[: self.config.trainer.eval_size]
         self.start_step = 0
+        self.failed_steps_in_a_row = 0
 
     def _new_router(self) -> Router:
         runtime = self.config.runtime
@@ -71,16 +79,17 @@ class Trainer:
         trajectories = await self.controller.run(self._step_specs(step))
         credit = self.credit.assign(trajectories)
         rollout_s = time.perf_counter() - started
-        failed = sum(t.failed for t in trajectories)
-        if failed > self.config.trainer.failure_budget * len(trajectories):
-            first = next(t.error for t in trajectories if t.failed)
-            raise TrainingFailed(f"step {step + 1}: {failed}/{len(trajectories)} episodes failed; first error: {first}")
+        over_budget = self._check_failure_budget(step, trajectories)
+        if credit.metrics.get("credit/nonfinite_advantages") and self.config.trainer.on_nonfinite == "stop":
+            raise TrainingFailed(f"step {step + 1}: {credit.metrics['credit/nonfinite_advantages']:.0f} turns got a "
+                                 "non-finite advantage (trainer.on_nonfinite: stop)")
 
         update_started = time.perf_counter()
-        group_metrics = await self._update_groups(credit.turns)
+        group_metrics = {} if over_budget else await self._update_groups(credit.turns)
         update_s = time.perf_counter() - update_started
+        self._check_nonfinite_updates(step, group_metrics)
 
-        metrics = {"step": step + 1}
+        metrics = {"step": step + 1, "episode/over_budget": float(over_budget)}
         metrics.update(rollout_metrics(trajectories, self.config.roles, self.experiment.primary_reward))
         metrics.update(credit.metrics)
         metrics.update(group_metrics)
@@ -89,6 +98,29 @@ class Trainer:
                         "time/step_s": time.perf_counter() - started})
         self._sample_trajectories(trajectories, step + 1)
         return metrics
+
+    def _check_failure_budget(self, step: int, trajectories: list[GraphTrajectory]) -> bool:
+        """True when too many of the step's episodes failed: the step skips its update. After
+        ``trainer.max_failed_steps`` such steps in a row the run stops."""
+        trainer = self.config.trainer
+        failed = sum(t.failed for t in trajectories)
+        if failed <= trainer.failure_budget * len(trajectories):
+            self.failed_steps_in_a_row = 0
+            return False
+        self.failed_steps_in_a_row += 1
+        if self.failed_steps_in_a_row >= trainer.max_failed_steps:
+            first = next(t.error for t in trajectories if t.failed)
+            raise TrainingFailed(f"step {step + 1}: {failed}/{len(trajectories)} episodes failed "
+                                 f"({self.failed_steps_in_a_row} step(s) over trainer.failure_budget in a row); "
+                                 f"first error: {first}")
+        return True
+
+    def _check_nonfinite_updates(self, step: int, group_metrics: dict[str, float]) -> None:
+        skipped = [key.split("/")[1] for key, value in group_metrics.items()
+                   if key.endswith("/nonfinite_skipped") and value > 0]
+        if skipped and self.config.trainer.on_nonfinite == "stop":
+            raise TrainingFailed(f"step {step + 1}: a non-finite loss or gradient in model group(s) "
+                                 f"{', '.join(skipped)} (trainer.on_nonfinite: stop)")
 
     async def _update_groups(self, credited: list[CreditedTurn]) -> dict[str, float]:
         turns_by_group: dict[str, list[TrainTurn]] = defaultdict(list)
@@ -138,16 +170,31 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------
     async def save(self, step: int) -> Path:
+        """Groups, trainer state, manifest, then ``COMPLETE``; older checkpoints are pruned only after that."""
         directory = self.run_dir.checkpoint(step)
         directory.mkdir(parents=True, exist_ok=True)
         await asyncio.gather(*(self.transport.save(g, directory / g) for g in sorted(self.config.models)))
-        write_trainer_state(directory, {"step": step})
+        write_trainer_state(directory, {"step": step, "failed_steps_in_a_row": self.failed_steps_in_a_row})
+        checkpoints.write_manifest(directory, step, self.config)
+        mark_complete(directory)
+        self.run_dir.prune(self.config.trainer.keep_checkpoints)
         return directory
 
-    async def load_checkpoint(self, directory: Path) -> int:
-        """Load every group from a complete checkpoint; returns its step."""
+    async def load_checkpoint(self, directory: Path, manifest: checkpoints.Manifest | None = None) -> int:
+        """Load every group from a complete checkpoint; returns its step.
+
+        Files are checked against ``manifest.json`` first (``manifest``: already
+        checked); a damaged file is a :class:`UserError` naming it. A checkpoint
+        without a manifest loads with a notice: it cannot be verified.
+        """
+        if manifest is None and not (directory / checkpoints.MANIFEST).exists():
+            checkpoints.notice(f"{directory} has no {checkpoints.MANIFEST}: its files cannot be verified")
+        elif manifest is None:
+            manifest = checkpoints.verify(directory)
         await asyncio.gather(*(self.transport.load(g, directory / g) for g in sorted(self.config.models)))
-        return read_trainer_state(directory)["step"]
+        state = read_trainer_state(directory)
+        self.failed_steps_in_a_row = int(state.get("failed_steps_in_a_row", 0))
+        return manifest.step if manifest is not None else state["step"]
 
     # -- the loop ---------------------------------------------------------
     async def run(self, resume: bool = False) -> list[dict[str, Any]]:
@@ -157,16 +204,16 @@ class Trainer:
         # the collector's full passes (measured: ~250 ms every ~10 steps) off the step time.
         gc.collect()
         gc.freeze()
-        self.run_dir.config.write_text(dump_config(self.config))
         writer = MetricsWriter(self.run_dir.metrics)
         history: list[dict[str, Any]] = []
         try:
-            if resume:
-                latest = self.run_dir.latest_checkpoint()
-                if latest is None:
-                    raise UserError("no complete checkpoint to resume from", where=str(self.run_dir.root))
-                self.start_step = await self._guarded("resume", lambda: self.load_checkpoint(latest))
-            else:
+            if resume:  # the newest usable checkpoint; 0 = none usable: start over (see checkpoints.resume)
+                groups = sorted(self.config.models)
+                self.start_step = await self._guarded("resume", lambda: checkpoints.resume(
+                    self.run_dir, self.config, self.load_checkpoint,
+                    reset=lambda: asyncio.gather(*(self.transport.restart(g, None) for g in groups))))
+            self.run_dir.config.write_text(dump_config(self.config))  # the config in force (not on a refusal)
+            if self.start_step == 0:
                 record = {"step": 0, **(await self._guarded("step 0 (evaluation)",
                                                             lambda: self.evaluate(0, strict=True)))}
                 writer.write(record); history.append(record); self.log(record)

@@ -23,14 +23,23 @@ class TurnNode:
     role: str
     model_group: str
     prompt: str
+    """The prompt as the model saw it (with the chat template's role markers when one is used)."""
     text: str = ""
+    input: str = ""
+    """This turn's new input: the role's rendered template (the last user message)."""
+    messages: list[dict[str, str]] = field(default_factory=list)
+    """The chat messages the prompt was rendered from (system, earlier turns per ``memory``, the input)."""
+    continued: bool = False
+    """The prompt ids extend the role's previous turn's prompt + response ids exactly (no re-tokenising)."""
+    truncated: bool = False
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     logprobs_exact: bool = False
     """The group's word that ``logprobs`` are its training distribution (see ``GenResult``)."""
     finished: bool = True
-    parsed: Optional[str] = None
+    parsed: Any = None
+    """The role parser's answer (a string, or e.g. a dict for the json parser); None on a parse error."""
     parse_error: Optional[str] = None
     role_turn_index: int = 0
     started: float = 0.0
@@ -125,7 +134,8 @@ class GraphTrajectory:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"))
+        # Outcomes and tool results are whatever user code returned: what JSON cannot hold is written as text.
+        return json.dumps(self.to_dict(), separators=(",", ":"), default=str)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "GraphTrajectory":

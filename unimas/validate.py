@@ -8,16 +8,20 @@ them all.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from unimas import algorithms
-from unimas.config import ExperimentConfig
+from unimas.config import ExperimentConfig, RoleConfig
 from unimas.errors import UserError
 from unimas.experiment import Experiment
 from unimas.groups.build import backend_options
 from unimas.registry import Registry, build_registry
 from unimas.report.data import model_mapping
 from unimas.workflow.graph import check_graph
-from unimas.workflow.templates import template_fields
+from unimas.workflow.templates import render, template_fields
+
+TASK_SAMPLE = 64
+"""Tasks of the train split whose keys and values are checked against the roles."""
 
 
 def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str, str]]:
@@ -42,9 +46,17 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             where = f"models.{name}.algorithm.loss" if group.algorithm.loss else "algorithm.loss"
             add(where, f"unknown policy loss '{loss}'; known: {', '.join(sorted(losses))}{registry.broken_hint()}")
 
+    options = _group_options(config, registry)
     for name, role in config.roles.items():
         where = f"roles.{name}"
         group = config.models.get(role.model)
+        limit = getattr(options.get(role.model), "max_positions", None)
+        for key in ("generation", "eval_generation"):
+            generation = getattr(role, key)
+            if limit is not None and generation is not None and generation.max_new_tokens >= limit:
+                add(f"{where}.{key}.max_new_tokens", f"{generation.max_new_tokens} new tokens leave no room for the "
+                    f"prompt in model group '{role.model}' ({limit} positions); lower it below {limit} or raise "
+                    f"models.{role.model}.options.tiny.max_positions")
         if group is None:
             add(f"{where}.model", f"model group '{role.model}' is not declared under 'models' "
                 f"(declared: {', '.join(config.models)})")
@@ -105,8 +117,71 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
     return problems
 
 
-def check_graph_workflow(config: ExperimentConfig, registry: Registry, task_keys: set[str] | None):
-    return check_graph(config.workflow.graph, config.roles, set(registry.names("tools")), task_keys)
+def _group_options(config: ExperimentConfig, registry: Registry) -> dict[str, Any]:
+    """Each group's validated backend options; groups whose options are wrong are reported elsewhere."""
+    options = {}
+    for name, group in config.models.items():
+        if registry.has("backends", group.backend):
+            try:
+                options[name] = backend_options(config, registry, name)
+            except UserError:
+                continue
+    return options
+
+
+def check_tasks(config: ExperimentConfig, registry: Registry, tasks: list[dict]) -> list[tuple[str, str]]:
+    """What the first tasks reveal: graph inputs the rows lack, characters a tiny model cannot read."""
+    problems: list[tuple[str, str]] = []
+    graph = config.workflow.graph
+    if graph is not None:
+        task_keys = set().union(*(task.keys() for task in tasks))
+        problems += check_graph(graph, config.roles, set(registry.names("tools")), task_keys)
+        problems += _rows_missing_inputs(config, tasks)
+    options = _group_options(config, registry)
+    for name, role in config.roles.items():
+        alphabet = getattr(options.get(role.model), "alphabet", None)
+        if alphabet is not None:
+            problems += _outside_alphabet(name, role, set(alphabet), tasks, config.data.name)
+    return problems
+
+
+def _rows_missing_inputs(config: ExperimentConfig, tasks: list[dict]) -> list[tuple[str, str]]:
+    """Template fields a graph node takes from the task that some rows lack (all rows lacking: check_graph)."""
+    problems = []
+    for node_name, node in config.workflow.graph.nodes.items():
+        role = config.roles.get(node.role or "")
+        if node.kind != "llm" or role is None:
+            continue
+        for field in dict.fromkeys(template_fields(role.template)):
+            rows = [i for i, task in enumerate(tasks) if field not in task]
+            if field not in node.inputs and rows and len(rows) < len(tasks):
+                problems.append((f"workflow.graph.nodes.{node_name}.inputs", f"row {rows[0]} of dataset "
+                                 f"'{config.data.name}' has no field '{field}', which the template of role "
+                                 f"'{node.role}' needs; add it to every row or pass it under inputs"))
+    return problems
+
+
+def _outside_alphabet(name: str, role: RoleConfig, alphabet: set[str], tasks: list[dict],
+                      dataset: str) -> list[tuple[str, str]]:
+    """Prompt characters a char-level model would read as <unk>: literal text first, then task values."""
+    def shown(chars: set[str]) -> str:
+        return ", ".join(repr(c) for c in sorted(chars))
+
+    hint = f"add them to models.{role.model}.options.tiny.alphabet"
+    problems = []
+    fields = dict.fromkeys(template_fields(role.template))
+    literal = {"system": role.system, "template": render(role.template, dict.fromkeys(fields, ""))}
+    for key, text in literal.items():
+        if set(text) - alphabet:
+            problems.append((f"roles.{name}.{key}", f"characters outside the alphabet of model group '{role.model}': "
+                                                    f"{shown(set(text) - alphabet)}; {hint} or change the text"))
+    for field in fields:
+        row = next((i for i, task in enumerate(tasks) if field in task and set(str(task[field])) - alphabet), None)
+        if row is not None:
+            bad = set(str(tasks[row][field])) - alphabet
+            problems.append((f"roles.{name}.template", f"{{{field}}} of row {row} of dataset '{dataset}' has "
+                                                       f"characters outside the alphabet: {shown(bad)}; {hint}"))
+    return problems
 
 
 def validate(config: ExperimentConfig, registry: Registry | None = None) -> Experiment:
@@ -115,9 +190,8 @@ def validate(config: ExperimentConfig, registry: Registry | None = None) -> Expe
     problems = check_config(config, registry)
     if not problems:
         experiment = Experiment.resolve(config, registry)
-        if config.workflow.graph is not None:
-            task_keys = set().union(*(t.keys() for t in experiment.tasks("train")[:64]))
-            problems = check_graph_workflow(config, registry, task_keys)
+        experiment.tasks("eval")  # loads and checks the eval split too
+        problems = check_tasks(config, registry, experiment.tasks("train")[:TASK_SAMPLE])
     if problems:
         lines = "\n".join(f"  {where}: {message}" for where, message in problems)
         raise UserError(f"{len(problems)} problem(s) in the config:\n{lines}")

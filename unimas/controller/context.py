@@ -11,13 +11,13 @@ through these same two calls, so both produce the same graph trajectory.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import re
 import time
 from typing import Any, Callable, Iterable, Mapping
 
 from unimas.config import RoleConfig
 from unimas.controller.router import Router
+from unimas.controller.timeouts import call_with_timeout
 from unimas.errors import UserError
 from unimas.groups.base import GenRequest
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
@@ -46,6 +46,7 @@ class EpisodeContext:
         router: Router,
         tools: Mapping[str, Callable[..., Any]],
         greedy: bool = False,
+        tool_timeout_s: float = 60.0,
     ):
         self.trajectory = trajectory
         self.task = trajectory.task
@@ -53,6 +54,7 @@ class EpisodeContext:
         self._router = router
         self._tools = tools
         self._greedy = greedy
+        self._tool_timeout_s = tool_timeout_s
         self._role_counts: dict[str, int] = {}
         self._tool_counts: dict[str, int] = {}
 
@@ -69,8 +71,8 @@ class EpisodeContext:
         try:
             prompt = spec.system + render(spec.template, values)
         except KeyError as missing:
-            raise UserError(f"template of role '{role}' needs variable {missing}, which the workflow did not pass",
-                            where=f"roles.{role}.template") from None
+            raise UserError(f"template of role '{role}' needs variable {missing}, which neither the workflow nor "
+                            f"the task (id {self.task.get('id')!r}) provides", where=f"roles.{role}.template") from None
         index = self._role_counts.get(role, 0)
         self._role_counts[role] = index + 1
         generation = spec.eval_generation if (self._greedy and spec.eval_generation) else spec.generation
@@ -97,11 +99,10 @@ class EpisodeContext:
         plain = {k: node_value(v) for k, v in arguments.items()}
         node = ToolNode(id=f"tool:{name}#{index}", tool=name, arguments=plain, started=time.perf_counter())
         try:
-            result = self._tools[name](**plain)
-            node.result = await result if inspect.isawaitable(result) else result
+            node.result = await call_with_timeout(self._tools[name], plain, self._tool_timeout_s)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a failing tool is data, not a crash
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failing tool is data, not a crash
             node.error = f"{type(exc).__name__}: {exc}"
         node.ended = time.perf_counter()
         return self.trajectory.add_node(node, self._consumed(after, arguments))

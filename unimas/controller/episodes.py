@@ -3,7 +3,8 @@
 Each episode is one asyncio task running the workflow coroutine against its
 own :class:`~unimas.controller.context.EpisodeContext`. A workflow that
 raises is isolated: its trajectory records the error (with the file and line
-of the user's code) and the other episodes carry on. Two kinds of exceptions
+of the user's code) and the other episodes carry on; so is one that runs past
+``runtime.episode_timeout_s`` or calls ``sys.exit``. Two kinds of exceptions
 are not episode-local and stop the step: a config mistake
 (:class:`UserError`) and a model group that cannot serve
 (:class:`ModelGroupError`).
@@ -19,6 +20,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from unimas.config import RoleConfig
 from unimas.controller.context import EpisodeContext
 from unimas.controller.router import Router
+from unimas.controller.timeouts import bounded
 from unimas.errors import ModelGroupError, UserError, describe
 from unimas.trajectory import GraphTrajectory
 
@@ -36,23 +38,28 @@ class Controller:
     """Runs episodes of one workflow against the roles, tools and router of a run."""
 
     def __init__(self, workflow: Workflow, roles: Mapping[str, RoleConfig], router: Router,
-                 tools: Mapping[str, Callable[..., Any]], max_concurrent: int = 1024):
+                 tools: Mapping[str, Callable[..., Any]], max_concurrent: int = 1024,
+                 tool_timeout_s: float = 60.0, episode_timeout_s: float = 600.0):
         self.workflow = workflow
         self.roles = roles
         self.router = router
         self.tools = tools
         self.max_concurrent = max_concurrent
+        self.tool_timeout_s = tool_timeout_s
+        self.episode_timeout_s = episode_timeout_s
 
     async def _run_one(self, spec: EpisodeSpec, greedy: bool) -> GraphTrajectory:
         trajectory = GraphTrajectory(episode_id=spec.episode_id, task_id=spec.task_uid, task=spec.task)
-        context = EpisodeContext(trajectory, self.roles, self.router, self.tools, greedy=greedy)
+        context = EpisodeContext(trajectory, self.roles, self.router, self.tools, greedy=greedy,
+                                 tool_timeout_s=self.tool_timeout_s)
         trajectory.started = time.perf_counter()
         try:
-            outcome = await self.workflow(context, spec.task)
+            outcome = await bounded(self.workflow(context, spec.task), self.episode_timeout_s, "the episode")
             trajectory.outcome = dict(outcome) if isinstance(outcome, Mapping) else {"result": outcome}
         except (UserError, ModelGroupError):
             raise
-        except Exception as exc:  # noqa: BLE001 - one broken episode never stops the others
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken episode never stops the others
+            # SystemExit too: user code cannot end the run; KeyboardInterrupt (Ctrl-C) still does.
             trajectory.fail(describe(exc), exc)
         trajectory.ended = time.perf_counter()
         return trajectory

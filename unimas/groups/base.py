@@ -25,13 +25,33 @@ from unimas.config import AlgorithmConfig, GenerationConfig, ModelGroupConfig
 
 
 @dataclass
+class Continuation:
+    """The role's previous turn in the same conversation: the messages it rendered and the ids it saw and sampled.
+
+    A group extends these ids instead of re-rendering the conversation, so
+    sampled text is never tokenised again (token-exact multi-turn traces).
+    """
+
+    messages: list[dict[str, str]]
+    prompt_ids: list[int]
+    response_ids: list[int]
+    finished: bool
+
+
+@dataclass
 class GenRequest:
     """One role turn to generate."""
 
     prompt: str
+    """The turn as one plain text (system + every message's content): for models without a chat template."""
     generation: GenerationConfig
     adapter: Optional[str] = None
     greedy: bool = False
+    messages: Optional[list[dict[str, str]]] = None
+    """The turn as chat messages (system, the conversation so far, the new input last); None = ``prompt`` only."""
+    continuation: Optional[Continuation] = None
+    use_chat_template: bool = True
+    """False: render ``messages`` as plain text even when the tokenizer has a chat template."""
 
 
 @dataclass
@@ -47,6 +67,12 @@ class GenResult:
     logprobs_exact: bool = False
     """True when ``logprobs`` are the distribution the group trains (no top-k / top-p renormalisation):
     the group says so, because only it knows how it sampled."""
+    prompt_text: str = ""
+    """The prompt as the model saw it (chat template markers included); empty when it is ``GenRequest.prompt``."""
+    continued: bool = False
+    """The prompt ids extend the continuation's prompt + response ids exactly."""
+    truncated: bool = False
+    """The prompt was cut to fit the model's context (``roles.<role>.truncation: left``)."""
 
 
 @dataclass

@@ -19,7 +19,15 @@ class LocalTransport:
 
     @classmethod
     def start(cls, config: ExperimentConfig, registry: Registry) -> "LocalTransport":
-        return cls({name: build_group(config, registry, name) for name in sorted(config.models)}, config, registry)
+        groups = {}
+        for name in sorted(config.models):
+            try:
+                groups[name] = build_group(config, registry, name)
+            except UserError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a group that cannot be built is that group's failure
+                raise ModelGroupError(name, "start", exc) from exc
+        return cls(groups, config, registry)
 
     def _call(self, group: str, phase: str, *args):
         try:

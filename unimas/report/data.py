@@ -1,26 +1,29 @@
 """Load a run directory into what the plots and the viewer need.
 
-Everything here tolerates a run that was killed mid-way: torn last lines in
-``metrics.jsonl`` or the trajectory files are skipped, and a missing
-``config.yaml`` only costs the role-to-model mapping and the role list (it is
-then read off the metric names). Episodes are slimmed for the viewer (token ids
-and log-probs dropped, long texts cut, tasks labelled by the dataset's own id)
-and laid out in layers by topological depth, so the page only has to draw
-boxes at given grid positions.
+Everything here tolerates a run that was killed mid-way or damaged: torn,
+malformed or over-long lines in ``metrics.jsonl`` or the trajectory files,
+episodes whose graph is broken (nodes without ids, cyclic edges) and an
+unreadable ``config.yaml`` are skipped, each recorded as a :class:`Skipped`
+note that the report shows and ``unimas report`` prints, so nothing is dropped
+silently. A missing config only costs the role-to-model mapping and the role
+list (then read off the metric names). Episodes are slimmed for the viewer
+(token ids and log-probs dropped, long texts cut, tasks labelled by the
+dataset's own id) and laid out in layers by topological depth, so the page
+only has to draw boxes at given grid positions.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
-import yaml
 
-from unimas.metrics import read_metrics
+from unimas.report.sources import Note, Skipped, bounded, json_lines, metrics_records, read_config
 
 MAX_TEXT = 2000
 """Characters of a prompt or response kept per node; the rest is cut with a marker."""
@@ -28,6 +31,10 @@ MAX_STEPS = 40
 """Steps per split offered in the viewer; evenly spaced, first and last always kept."""
 PER_OUTCOME = 4
 """Episodes per step and outcome (best / worst / failed) embedded in the page."""
+
+
+class DamagedEpisode(ValueError):
+    """A trajectory record the viewer cannot draw; the message says why."""
 
 
 @dataclass
@@ -55,6 +62,8 @@ class RunData:
     """One row per model group from config.yaml; empty when the config is missing."""
     episodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Split ("train" / "eval") -> slimmed episodes, as the viewer reads them."""
+    skipped: list[Skipped] = field(default_factory=list)
+    """Damaged lines and files left out, at most ``NOTES_PER_FILE`` per file plus a count."""
 
     @property
     def train_records(self) -> list[dict[str, Any]]:
@@ -62,29 +71,32 @@ class RunData:
 
 
 def load_run(root: Path) -> RunData:
-    """Read metrics, config and trajectories of one run directory."""
+    """Read metrics, config and trajectories of one run directory.
+
+    Raises :class:`UserError` only when ``metrics.jsonl`` exists but cannot be read at all.
+    """
     root = Path(root)
-    records = read_metrics(root / "metrics.jsonl") if (root / "metrics.jsonl").exists() else []
-    config = _read_config(root / "config.yaml")
-    roles_cfg = config.get("roles") or {}
-    roles = list(roles_cfg) or _names(records, "role/", 1)
-    groups = sorted(set(_names(records, "group/", 1)) | set(config.get("models") or {}))
-    primary = _primary_reward(config.get("rewards") or [])
+    skipped: list[Skipped] = []
+
+    def note(file: str) -> Note:
+        return lambda line, why: skipped.append(Skipped(file, line, why))
+
+    records = metrics_records(root / "metrics.jsonl", note("metrics.jsonl"))
+    config = read_config(root / "config.yaml", note("config.yaml"))
+    roles = list(config["roles"]) or _names(records, "role/", 1)
+    groups = sorted(set(_names(records, "group/", 1)) | set(config["models"]))
+    primary = _primary_reward(config["rewards"])
+    steps = config["trainer"].get("steps")
+    planned = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
     run = RunData(root=root, name=str(config.get("name") or root.name), records=records, roles=roles,
-                  groups=groups, planned_steps=(config.get("trainer") or {}).get("steps"),
-                  primary_reward=primary, mapping=model_mapping(config))
+                  groups=groups, planned_steps=planned, primary_reward=primary, mapping=model_mapping(config))
+    if (root / "trajectories").exists() and not (root / "trajectories").is_dir():
+        note("trajectories")(None, "not a directory; no episodes shown")
     for split in ("train", "eval"):
-        raw = _read_jsonl(root / "trajectories" / f"{split}.jsonl")
-        run.episodes[split] = select_episodes([slim_episode(e, primary) for e in raw])
+        name = f"trajectories/{split}.jsonl"
+        run.episodes[split] = select_episodes(_read_episodes(root / name, primary, note(name)))
+    run.skipped = bounded(skipped)
     return run
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return tree if isinstance(tree, dict) else {}
 
 
 def model_mapping(config: dict[str, Any]) -> list[GroupMapping]:
@@ -128,23 +140,41 @@ def _primary_reward(rewards: list[dict[str, Any]]) -> str | None:
     for index, spec in enumerate(rewards):
         if isinstance(spec, dict) and spec.get("level", "trajectory") == "trajectory":
             name = spec.get("name")
+            if not isinstance(name, str):
+                return None
             return name if names.count(name) == 1 else f"{name}#{index}"
     return None
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def _read_episodes(path: Path, primary: str | None,
+                   note: Note) -> list[dict[str, Any]]:
+    """The drawable episodes of one trajectory file, slimmed line by line so memory follows what is kept."""
     if not path.exists():
         return []
     episodes = []
-    with open(path) as handle:
-        for line in handle:
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(data, dict) and isinstance(data.get("nodes"), list):
-                episodes.append(data)
+    try:
+        with open(path, "rb") as handle:
+            for number, text, whole in json_lines(handle, note):
+                try:
+                    episodes.append(slim_episode(json.loads(text), primary))
+                except DamagedEpisode as exc:
+                    note(number, f"{exc}; episode skipped")
+                except (ValueError, RecursionError):  # not JSON, integers too long, nesting too deep
+                    note(number, "not valid JSON; skipped" if whole else "torn last line (run killed?); skipped")
+    except OSError as exc:
+        note(None, f"cannot be read ({exc.strerror or exc}); its episodes are not shown")
     return episodes
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float; None for anything else (text, bool, NaN, an int too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _cut(value: Any) -> str:
@@ -152,12 +182,19 @@ def _cut(value: Any) -> str:
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"… [{len(text) - MAX_TEXT} more characters]"
 
 
+def _text(value: Any) -> str | None:
+    """Short text for a label or an error field, None kept as None."""
+    return None if value is None else _cut(value)
+
+
 def episode_score(episode: dict[str, Any], primary: str | None) -> float:
     """The primary trajectory reward, else the mean credit of the episode's turns."""
-    value = (episode.get("rewards") or {}).get(primary) if primary else None
-    if isinstance(value, (int, float)):
-        return float(value)
-    credits = [n["reward"] for n in episode["nodes"] if n.get("kind") == "turn" and n.get("reward") is not None]
+    rewards = episode.get("rewards")
+    value = finite(rewards.get(primary)) if primary and isinstance(rewards, dict) else None
+    if value is not None:
+        return value
+    credits = [finite(n.get("reward")) for n in episode["nodes"] if n.get("kind", "turn") == "turn"]
+    credits = [c for c in credits if c is not None]
     return sum(credits) / len(credits) if credits else 0.0
 
 
@@ -167,44 +204,77 @@ def layout(nodes: list[dict[str, Any]], edges: list[list[str]]) -> dict[str, tup
     graph.add_nodes_from(n["id"] for n in nodes)
     graph.add_edges_from((a, b) for a, b in edges if a in graph and b in graph)
     depth: dict[str, int] = {}
-    for node_id in nx.topological_sort(graph):
-        depth[node_id] = max((depth[p] + 1 for p in graph.predecessors(node_id)), default=0)
+    try:
+        for node_id in nx.topological_sort(graph):
+            depth[node_id] = max((depth[p] + 1 for p in graph.predecessors(node_id)), default=0)
+    except nx.NetworkXUnfeasible:
+        raise DamagedEpisode("its edges form a cycle") from None
     layers: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for node in nodes:
         layers[depth[node["id"]]].append(node)
     return {n["id"]: (d, slot) for d, members in layers.items()
-            for slot, n in enumerate(sorted(members, key=lambda n: (n.get("started", 0.0), n["id"])))}
+            for slot, n in enumerate(sorted(members, key=lambda n: (finite(n.get("started")) or 0.0, n["id"])))}
+
+
+def _check(episode: Any) -> None:
+    """Raise :class:`DamagedEpisode` unless ``episode`` has the shape the viewer draws."""
+    if not isinstance(episode, dict):
+        raise DamagedEpisode(f"not a JSON object ({type(episode).__name__})")
+    nodes, edges = episode.get("nodes"), episode.get("edges", [])
+    if not isinstance(nodes, list) or not all(isinstance(n, dict) for n in nodes):
+        raise DamagedEpisode("'nodes' is not a list of objects")
+    ids = [n.get("id") for n in nodes]
+    if not all(isinstance(i, str) and i for i in ids):
+        raise DamagedEpisode("a node has no id (or a non-text one)")
+    if len(set(ids)) < len(ids):
+        raise DamagedEpisode("two nodes share an id")
+    if not isinstance(edges, list) or not all(isinstance(e, list) and len(e) == 2
+                                              and all(isinstance(end, str) for end in e) for e in edges):
+        raise DamagedEpisode("'edges' is not a list of [from, to] id pairs")
+    outcome = episode.get("outcome")
+    step = outcome.get("_step", 0) if isinstance(outcome, dict) else 0
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise DamagedEpisode("its step (outcome._step) is not an integer")
 
 
 def slim_episode(episode: dict[str, Any], primary: str | None) -> dict[str, Any]:
-    """What the viewer shows of one episode, with each node's grid position."""
-    positions = layout(episode["nodes"], episode.get("edges", []))
+    """What the viewer shows of one episode, with each node's grid position.
+
+    Raises :class:`DamagedEpisode` for a record whose graph cannot be drawn; every
+    other field is coerced (texts cut, numbers made finite or null).
+    """
+    _check(episode)
+    edges = episode.get("edges", [])
+    positions = layout(episode["nodes"], edges)
     nodes = []
     for raw in episode["nodes"]:
-        node = {"id": raw["id"], "kind": raw.get("kind", "turn"), "layer": positions[raw["id"]][0],
-                "slot": positions[raw["id"]][1]}
+        kind = raw.get("kind", "turn")
+        node = {"id": raw["id"], "kind": kind if isinstance(kind, str) else _cut(kind),
+                "layer": positions[raw["id"]][0], "slot": positions[raw["id"]][1]}
         if node["kind"] == "turn":
-            node.update(role=raw.get("role"), group=raw.get("model_group"), prompt=_cut(raw.get("prompt")),
-                        text=_cut(raw.get("text")), parsed=raw.get("parsed"), parse_error=raw.get("parse_error"),
-                        reward=raw.get("reward"), advantage=raw.get("advantage"),
-                        tokens=len(raw.get("response_ids") or []))
+            ids = raw.get("response_ids")
+            node.update(role=_text(raw.get("role")), group=_text(raw.get("model_group")),
+                        prompt=_cut(raw.get("prompt")), text=_cut(raw.get("text")), parsed=_text(raw.get("parsed")),
+                        parse_error=_text(raw.get("parse_error")), reward=finite(raw.get("reward")),
+                        advantage=finite(raw.get("advantage")), tokens=len(ids) if isinstance(ids, list) else 0)
         else:
-            node.update(tool=raw.get("tool"), arguments=_cut(raw.get("arguments")),
-                        result=_cut(raw.get("result")), error=raw.get("error"))
+            node.update(tool=_text(raw.get("tool")), arguments=_cut(raw.get("arguments")),
+                        result=_cut(raw.get("result")), error=_text(raw.get("error")))
         nodes.append(node)
     task = episode.get("task")
     dataset_id = task.get("id") if isinstance(task, dict) else None
-    outcome = dict(episode.get("outcome") or {})
+    outcome = dict(episode["outcome"]) if isinstance(episode.get("outcome"), dict) else {}
     step = outcome.pop("_step", 0)
+    rewards = episode.get("rewards")
     problems = episode.get("error") is not None or any(n.get("parse_error") or n.get("error") for n in nodes)
     return {
-        "id": episode.get("episode_id"), "task_id": episode.get("task_id"), "step": int(step),
+        "id": _text(episode.get("episode_id")), "task_id": _text(episode.get("task_id")), "step": step,
         # What a reader knows the task by: the dataset's own id; the internal uid only as a fallback.
-        "task_label": str(dataset_id) if dataset_id is not None else episode.get("task_id"),
-        "task": _cut(episode.get("task")), "outcome": _cut(outcome), "rewards": episode.get("rewards") or {},
-        "error": episode.get("error"), "failed": problems, "score": episode_score(episode, primary),
-        "wall_s": float(episode.get("ended", 0.0)) - float(episode.get("started", 0.0)),
-        "nodes": nodes, "edges": [list(e) for e in episode.get("edges", [])],
+        "task_label": _cut(dataset_id) if dataset_id is not None else _text(episode.get("task_id")),
+        "task": _cut(task), "outcome": _cut(outcome), "rewards": rewards if isinstance(rewards, dict) else {},
+        "error": _text(episode.get("error")), "failed": problems, "score": episode_score(episode, primary),
+        "wall_s": finite((finite(episode.get("ended")) or 0.0) - (finite(episode.get("started")) or 0.0)) or 0.0,
+        "nodes": nodes, "edges": [list(e) for e in edges],
     }
 
 

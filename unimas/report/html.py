@@ -49,7 +49,16 @@ def header(run: RunData) -> str:
         warning = (f'<div class="warn">incomplete: metrics stop at step {done} of {planned} '
                    "(still running, stopped early or killed)</div>")
     return (f'<h1>unimas report — {html.escape(run.name)}</h1><div class="facts">{items}</div>'
-            f"{mapping(run.mapping)}{warning}")
+            f"{mapping(run.mapping)}{warning}{skipped(run)}")
+
+
+def skipped(run: RunData) -> str:
+    """The damaged parts left out, so a reader knows the page shows less than the run directory holds."""
+    if not run.skipped:
+        return ""
+    items = "".join(f"<li>{html.escape(str(item))}</li>" for item in run.skipped)
+    return (f'<details class="warn" id="skipped"><summary>damaged parts of the run directory were skipped '
+            f"({len(run.skipped)} notes)</summary><ul>{items}</ul></details>")
 
 
 def mapping(rows: list[GroupMapping]) -> str:
@@ -106,6 +115,17 @@ def _finite(value: Any) -> Any:
     return value
 
 
+SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                             "\u2028": "\\u2028", "\u2029": "\\u2029"})
+"""Inline JSON escapes: with no ``<`` left, ``</script>`` and ``<!--`` in model output cannot end or
+confuse the script element; JSON reads ``\\u003c`` as the same ``<``."""
+
+
+def script_json(data: Any) -> str:
+    """``data`` as JSON that is safe verbatim inside ``<script type="application/json">``."""
+    return json.dumps(data, default=str).translate(SCRIPT_SAFE)
+
+
 def render(run: RunData, images: dict[str, Path]) -> str:
     data = _finite({"roles": run.roles, "episodes": run.episodes})
     parts = {
@@ -116,7 +136,6 @@ def render(run: RunData, images: dict[str, Path]) -> str:
         "overview": figures(images, [s for s in images if s in OVERVIEW]),
         "health": figures(images, [s for s in images if s not in OVERVIEW]),
         "metrics": metrics_table(run),
-        # "</" would end the <script> element early; "<\/" is the same string to JSON.
-        "data": json.dumps(data, default=str).replace("</", "<\\/"),
+        "data": script_json(data),
     }
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _asset("viewer.html"))

@@ -15,7 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from unimas.report.data import RunData
+from unimas.report.data import RunData, finite
 
 GROUP_METRICS = ["policy_loss", "kl", "entropy", "clip_frac", "grad_norm", "train_tokens_per_s"]
 ROLE_METRICS = ["format_error_rate", "response_length", "advantage_std", "zero_variance_frac"]
@@ -26,9 +26,8 @@ EPISODE_METRICS = ["episode/turns", "episode/tool_calls", "episode/failures", "e
 
 def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of the records that carry a finite number under ``key``."""
-    points = [(int(r.get("step", 0)), float(r[key])) for r in records
-              if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
-    return [p[0] for p in points], [p[1] for p in points]
+    points = [(r["step"], finite(r.get(key))) for r in records]
+    return [s for s, v in points if v is not None], [v for _, v in points if v is not None]
 
 
 def _grid(count: int, columns: int = 3) -> tuple[Figure, list[Axes]]:

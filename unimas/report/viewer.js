@@ -1,7 +1,9 @@
 // Trajectory viewer: draws one episode's workflow graph as inline SVG.
 // The Python side has already placed every node on a (layer, slot) grid, so
-// this only picks episodes and draws boxes and arrows. Model output is always
-// inserted as text (never as HTML), since it is untrusted.
+// this only picks episodes and draws boxes and arrows. Model and task text is
+// untrusted: it only ever reaches the page through textContent and
+// setAttribute (never innerHTML), and the Python side escapes "<", ">" and "&"
+// in the inline JSON so it cannot end the data script element.
 (function () {
   "use strict";
   const data = JSON.parse(document.getElementById("report-data").textContent);
@@ -79,6 +81,10 @@
   }
 
   function drawGraph(episode) {
+    if (!episode.nodes.length) {
+      $("graph-box").replaceChildren(el("div", { class: "empty" }, "this episode recorded no turns"));
+      return;
+    }
     const layers = Math.max(...episode.nodes.map((n) => n.layer)) + 1;
     const slots = Math.max(...episode.nodes.map((n) => n.slot)) + 1;
     const width = 2 * BOX.pad + slots * (BOX.w + BOX.dx);  // one spare gap for edges bulging right

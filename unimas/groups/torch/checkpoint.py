@@ -6,17 +6,26 @@ dirs), ``reference/`` (the KL reference when it is a separate copy), and the
 optimiser, learning-rate schedule and sampling-RNG state. Loading copies
 weights into the existing parameters rather than replacing them, so the
 optimiser keeps pointing at the right tensors and a resumed run continues
-bit-identically.
+bit-identically. Nothing is unpickled: tensors load with
+``torch.load(weights_only=True)`` or safetensors, and any file that fails to
+load (truncated, foreign, a pickle payload, other shapes) is a
+:class:`UserError` naming it. The optimiser's rate, betas and weight decay
+come from the config in force, not from the saved state, so a resume with a
+changed ``optim.lr`` trains with the new one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
+
+from unimas.errors import UserError
 
 if TYPE_CHECKING:
     from unimas.groups.torch.group import TorchModelGroup
@@ -100,18 +109,55 @@ def load_group(group: "TorchModelGroup", directory: Path) -> None:
                      dtype=group.spec.options.torch_dtype)
     if (directory / OPTIMIZER_FILE).exists() and group.trainable:
         optimizer = group.optimizer_for_update()
-        optimizer.load_state_dict(torch.load(directory / OPTIMIZER_FILE, map_location=group.device, weights_only=True))
+        with reading(directory / OPTIMIZER_FILE):
+            optimizer.load_state_dict(load_tensors(directory / OPTIMIZER_FILE, group.device))
         if (directory / SCHEDULER_FILE).exists():
-            group.scheduler.load_state_dict(torch.load(directory / SCHEDULER_FILE, weights_only=True))
-    rng = torch.load(directory / RNG_FILE, weights_only=True)
-    group.generator.set_state(rng["generator"])
+            with reading(directory / SCHEDULER_FILE):
+                group.scheduler.load_state_dict(load_tensors(directory / SCHEDULER_FILE, "cpu"))
+        apply_optim_config(group)
+    with reading(directory / RNG_FILE):
+        group.generator.set_state(load_tensors(directory / RNG_FILE, "cpu")["generator"])
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Any failure while loading ``path`` becomes a :class:`UserError` naming the file."""
+    try:
+        yield
+    except UserError:
+        raise
+    except pickle.UnpicklingError:
+        raise UserError("refused: holds pickled objects, not plain tensors (unimas loads checkpoints with "
+                        "torch.load(weights_only=True) and never unpickles code)", where=str(path)) from None
+    except Exception as exc:  # noqa: BLE001 - whatever the damage, the message names the file
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"cannot load this checkpoint file: {type(exc).__name__}: {detail}", where=str(path)) from None
+
+
+def load_tensors(path: Path, device: Any) -> Any:
+    if not path.is_file():
+        raise FileNotFoundError("missing from the checkpoint")
+    return torch.load(path, map_location=device, weights_only=True)
+
+
+def apply_optim_config(group: "TorchModelGroup") -> None:
+    """Set rate, betas and weight decay from the config in force (a loaded state dict carries the saved ones),
+    the rate at the schedule's current position: the same value an uninterrupted run has when unchanged."""
+    optim, scheduler = group.config.optim, group.scheduler
+    scheduler.base_lrs = [optim.lr] * len(group.optimizer.param_groups)
+    for params, factor in zip(group.optimizer.param_groups, scheduler.lr_lambdas):
+        params.update(initial_lr=optim.lr, lr=optim.lr * factor(scheduler.last_epoch),
+                      betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    scheduler._last_lr = [params["lr"] for params in group.optimizer.param_groups]
 
 
 def copy_weights(target: torch.nn.Module, model_dir: Path, clean_names: bool, dtype: torch.dtype) -> None:
     """Copy a saved HF model's weights into ``target`` without replacing its parameters
     (the optimiser keeps pointing at them). Loading through ``from_pretrained`` applies
     whatever key conversions transformers does on save."""
-    saved = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype)
+    weights = model_dir / "model.safetensors"
+    with reading(weights if weights.exists() else model_dir):
+        saved = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype)
     source = saved.state_dict()
     with torch.no_grad():
         for key, value in target.state_dict(keep_vars=True).items():
@@ -119,7 +165,11 @@ def copy_weights(target: torch.nn.Module, model_dir: Path, clean_names: bool, dt
             if name is None:
                 continue
             if name not in source:
-                raise KeyError(f"checkpoint {model_dir} lacks weight '{name}'")
+                raise UserError(f"lacks weight '{name}' (a different model?)", where=str(model_dir))
+            if source[name].shape != value.shape:
+                raise UserError(f"weight '{name}' has shape {tuple(source[name].shape)} here but "
+                                f"{tuple(value.shape)} in the configured model (model size changed?)",
+                                where=str(weights))
             value.copy_(source[name])
 
 
@@ -135,7 +185,8 @@ def load_adapters(group: "TorchModelGroup", directory: Path, missing_ok: bool) -
             if missing_ok:
                 continue
             raise FileNotFoundError(f"checkpoint {directory} has no adapter '{adapter}'")
-        weights = load_file(path, device=str(group.device))
-        result = set_peft_model_state_dict(group.model, weights, adapter_name=adapter)
+        with reading(path):
+            weights = load_file(path, device=str(group.device))
+            result = set_peft_model_state_dict(group.model, weights, adapter_name=adapter)
         if result.unexpected_keys:
-            raise KeyError(f"adapter '{adapter}' in {directory} has unknown weights: {result.unexpected_keys[:3]}")
+            raise UserError(f"adapter '{adapter}' has unknown weights: {result.unexpected_keys[:3]}", where=str(path))

@@ -31,7 +31,8 @@ from typing import Any, ClassVar, Iterator, Optional, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from unimas.config import GenerationConfig
+from unimas.config import GenerationConfig, LoraConfig
+from unimas.errors import UserError
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import checkpoint, optimizer, sampling, training
 from unimas.groups.torch import source as source_of
@@ -110,6 +111,7 @@ class TorchModelGroup(ModelGroup):
         from peft import LoraConfig, get_peft_model
 
         lora = self.config.lora
+        _check_target_modules(model, lora, self.name)
 
         def peft_config() -> LoraConfig:
             return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -202,15 +204,19 @@ class TorchModelGroup(ModelGroup):
 
     def _fit_prompt(self, text: str, ids: list[int], reserve: int) -> list[int]:
         """Check the characters and cut the prompt from the left so that ``reserve`` more tokens fit."""
-        check_known(self.tokenizer, text, ids)
+        try:
+            check_known(self.tokenizer, text, ids)
+        except ValueError as exc:
+            raise UserError(f"{exc}; add them to models.{self.name}.options.tiny.alphabet (a tiny model) or change "
+                            "the role's system, template or task data", where=f"model group '{self.name}'") from None
         if not ids:
             ids = [self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_ids[0]]
         if self.max_positions is None:
             return ids
         limit = self.max_positions - reserve
         if limit < 1:
-            raise ValueError(f"{reserve} new tokens do not fit model group '{self.name}' "
-                             f"({self.max_positions} positions)")
+            raise UserError(f"{reserve} new tokens do not fit ({self.max_positions} positions); lower the role's "
+                            "generation.max_new_tokens", where=f"model group '{self.name}'")
         if len(ids) > limit:
             self.truncated_prompts += 1
             log.warning("model group '%s': prompt of %d tokens cut to its last %d", self.name, len(ids), limit)
@@ -299,3 +305,14 @@ class TorchModelGroup(ModelGroup):
         """Restore what :meth:`save` wrote, in place (resume bit-identically)."""
         with self._lock:
             checkpoint.load_group(self, Path(directory))
+
+
+def _check_target_modules(model: torch.nn.Module, lora: LoraConfig, group: str) -> None:
+    """Every LoRA target names a module of the model (peft matches a name or a dotted suffix)."""
+    names = [name for name, _ in model.named_modules() if name]
+    missing = [t for t in lora.target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        leaves = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                         if name and next(module.children(), None) is None})
+        raise UserError(f"{', '.join(repr(t) for t in missing)} is not a module of model group '{group}'; modules "
+                        f"it has: {', '.join(leaves[:20])}", where=f"models.{group}.lora.target_modules")

@@ -7,10 +7,13 @@ verl worker. Unknown keys are errors, as everywhere in the config.
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from pathlib import Path
+from typing import Any, Literal, Optional
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from unimas.groups.torch.checkpoint import MODEL_DIR
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -18,23 +21,30 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class TinyModelConfig(BaseModel):
     """A random-init causal LM built from config: no download, CPU friendly."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     architecture: Literal["qwen2", "llama", "gpt2"] = Field("qwen2", description="transformers model family")
     alphabet: str = Field(..., min_length=1, description="characters of the char-level tokenizer")
     hidden_size: int = Field(64, ge=8, description="width of the residual stream")
     num_layers: int = Field(2, ge=1, description="transformer blocks")
     num_heads: int = Field(4, ge=1, description="attention heads (must divide hidden_size)")
-    intermediate_size: Optional[int] = Field(None, description="MLP width; default 4 x hidden_size")
+    intermediate_size: Optional[int] = Field(None, ge=1, description="MLP width; default 4 x hidden_size")
     max_positions: int = Field(128, ge=8, description="longest prompt + response in tokens")
     init_std: float = Field(0.1, gt=0, description="std of the random init (HF's 0.02 is too symmetric for RL)")
     tie_embeddings: bool = Field(False, description="share input and output embeddings")
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> "TinyModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; "
+                             "pick num_heads among its divisors")
+        return self
 
 
 class TorchOptions(BaseModel):
     """Where the weights come from (exactly one of ``path``, ``tiny``, ``init_from``) and their dtype."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     path: Optional[str] = Field(None, description="local Hugging Face model directory (never downloaded)")
     tiny: Optional[TinyModelConfig] = Field(None, description="build a small random-init model from this spec")
@@ -42,15 +52,63 @@ class TorchOptions(BaseModel):
                                      "checkpoints/step_N) or a Hugging Face model dir to start from")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weight dtype")
 
-    @model_validator(mode="after")
-    def _one_source(self) -> "TorchOptions":
-        given = [key for key in ("path", "tiny", "init_from") if getattr(self, key) is not None]
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: Any) -> Any:
+        """Checked before the fields, so that two sources are named as such rather than as a bad path."""
+        if not isinstance(data, dict):
+            return data
+        given = [key for key in ("path", "tiny", "init_from") if data.get(key) is not None]
         if len(given) != 1:
             found = f"got {' and '.join(given)}" if given else "got none"
             raise ValueError("give exactly one of 'path' (local Hugging Face dir), 'tiny' (built from a spec) "
                              f"or 'init_from' (a checkpoint to start from); {found}")
-        return self
+        return data
+
+    @field_validator("path")
+    @classmethod
+    def _model_dir(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _has_file(Path(value), "config.json"):
+            raise ValueError(f"{value!r} is not a Hugging Face model directory (no config.json in it); give the "
+                             "local directory that holds config.json and the weights (nothing is downloaded)")
+        return value
+
+    @field_validator("init_from")
+    @classmethod
+    def _checkpoint_dir(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not _is_checkpoint(Path(value)):
+            raise ValueError(f"{value!r} is neither a unimas checkpoint (a group dir with {MODEL_DIR}/config.json, "
+                             f"or a run's checkpoints/step_N) nor a Hugging Face model directory (config.json)")
+        return value
+
+    @property
+    def max_positions(self) -> Optional[int]:
+        """Longest prompt + response when known without loading weights (a tiny spec); else None."""
+        return self.tiny.max_positions if self.tiny is not None else None
+
+    @property
+    def alphabet(self) -> Optional[str]:
+        """Every character a prompt may contain, for a char-level tiny model; else None."""
+        return self.tiny.alphabet if self.tiny is not None else None
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+
+def _has_file(directory: Path, name: str) -> bool:
+    """Whether ``directory/name`` is a file; False for names the file system cannot hold."""
+    try:
+        return (directory / name).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _is_checkpoint(root: Path) -> bool:
+    """A layout ``checkpoint.group_dir`` accepts: group dir, run checkpoint of group dirs, or HF dir."""
+    if _has_file(root, "config.json") or _has_file(root / MODEL_DIR, "config.json"):
+        return True
+    try:
+        return root.is_dir() and any(_has_file(child / MODEL_DIR, "config.json") for child in root.iterdir())
+    except OSError:
+        return False

@@ -12,6 +12,7 @@ from typing import Optional
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from unimas.errors import UserError
 from unimas.groups.torch import checkpoint
 from unimas.groups.torch.chars import build_char_tokenizer
 from unimas.groups.torch.options import TorchOptions
@@ -36,13 +37,19 @@ def load_model(options: TorchOptions, name: str,
     ``seed`` only matters for a tiny spec (its random init). The returned
     dir is set for ``init_from``, whose LoRA adapters the group loads next.
     """
-    source = checkpoint.group_dir(Path(options.init_from), name) if options.init_from else None
-    model_dir = source[1] if source else (Path(options.path) if options.path else None)
-    tokenizer = load_tokenizer(options, model_dir)
-    if model_dir is not None:
+    if options.tiny is not None:
+        tokenizer = load_tokenizer(options, None)
+        return build_tiny_model(options.tiny, tokenizer, seed).to(options.torch_dtype), tokenizer, None
+    key = "init_from" if options.init_from else "path"
+    try:
+        source = checkpoint.group_dir(Path(options.init_from), name) if options.init_from else None
+        model_dir = source[1] if source else Path(options.path)
+        tokenizer = load_tokenizer(options, model_dir)
         model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=options.torch_dtype)
-    else:
-        model = build_tiny_model(options.tiny, tokenizer, seed).to(options.torch_dtype)
+    except (OSError, ValueError, KeyError) as exc:  # missing weights or tokenizer, unknown model type
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"cannot load a model from {getattr(options, key)!r}: {first}",
+                        where=f"models.{name}.options.{key}") from None
     return model, tokenizer, source[0] if source else None
 
 

@@ -26,8 +26,6 @@ from unimas.groups.torch.options import TinyModelConfig
 
 def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase):
     """The Hugging Face config for ``cfg`` with vocab and special ids from ``tokenizer``."""
-    if cfg.hidden_size % cfg.num_heads:
-        raise ValueError(f"hidden_size {cfg.hidden_size} is not divisible by num_heads {cfg.num_heads}")
     ids = dict(
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,

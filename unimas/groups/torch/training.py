@@ -12,6 +12,7 @@ instance (``benchmarks/common.py`` does) without touching this module.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -37,8 +38,8 @@ class SupervisedExample:
     adapter: Optional[str] = None
 
 
-UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "lr", "tokens",
-                  "update_time_s")
+UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped", "lr",
+                  "tokens", "update_time_s")
 
 
 def compute_logprobs(
@@ -173,9 +174,13 @@ def ppo_step(
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(group.train_params, group.config.optim.grad_clip)
+    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+        # A NaN/inf step would poison the weights and every later sample: drop it and say so.
+        optimizer.zero_grad(set_to_none=True)
+        clean = {key: value if math.isfinite(value) else 0.0 for key, value in metrics.items()}
+        return {**clean, "grad_norm": 0.0, "nonfinite_skipped": 1.0}
     optimizer.step()
-    metrics["grad_norm"] = float(grad_norm)
-    return metrics
+    return {**metrics, "grad_norm": float(grad_norm), "nonfinite_skipped": 0.0}
 
 
 def supervised_turns(group: "TorchModelGroup", examples: Sequence[SupervisedExample]) -> list[TrainTurn]:
