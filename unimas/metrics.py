@@ -12,6 +12,7 @@ import numpy as np
 
 from unimas.config import ExperimentConfig
 from unimas.credit import reward_keys
+from unimas.jsonl import text_lines
 from unimas.trajectory import GraphTrajectory
 
 
@@ -125,27 +126,15 @@ def read_metrics(path: Path, skipped: list[tuple[int, str]] | None = None) -> li
     (line number, why) so a report can name what it did not show. Invalid
     UTF-8 is replaced, not fatal. Raises ``OSError`` when the file cannot be read.
     """
-    limit = 1 << 20  # a step's record is a few KB; longer lines are damage, not worth the memory
     notes: list[tuple[int, str]] = [] if skipped is None else skipped
     records = []
     with open(path, "rb") as handle:
-        for number, raw in enumerate(iter(lambda: handle.readline(limit + 1), b""), start=1):
-            if len(raw) > limit:
-                while raw and not raw.endswith(b"\n"):  # drop the rest of the over-long line
-                    raw = handle.readline(limit)
-                notes.append((number, f"longer than {limit} bytes"))
-                continue
-            if not raw.strip():
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = raw.decode("utf-8", errors="replace")
-                notes.append((number, "invalid UTF-8 (replaced)"))
+        # a step's record is a few KB; a line over 1 MiB is damage, not worth the memory
+        for number, text, complete in text_lines(handle, lambda n, why: notes.append((n, why)), 1 << 20):
             try:
                 record = json.loads(text)
             except (ValueError, RecursionError):  # also too-long integers and too-deep nesting
-                notes.append((number, "not valid JSON" if raw.endswith(b"\n") else "torn last line (run killed?)"))
+                notes.append((number, "not valid JSON" if complete else "torn last line (run killed?)"))
                 continue
             step = record.get("step") if isinstance(record, dict) else None
             if not isinstance(record, dict):

@@ -16,6 +16,7 @@ from typing import IO, Any, Callable, Iterator
 import yaml
 
 from unimas.errors import UserError
+from unimas.jsonl import text_lines
 from unimas.metrics import read_metrics
 
 Note = Callable[[int | None, str], None]
@@ -130,18 +131,5 @@ def _expanded(node: yaml.Node | None, sizes: dict[int, int]) -> int:
 
 
 def json_lines(handle: IO[bytes], note: Note) -> Iterator[tuple[int, str, bool]]:
-    """(number, text, ends with a newline) per non-blank line; over-long lines skipped, bad UTF-8 replaced."""
-    for number, raw in enumerate(iter(lambda: handle.readline(MAX_LINE + 1), b""), start=1):
-        if len(raw) > MAX_LINE:
-            while raw and not raw.endswith(b"\n"):
-                raw = handle.readline(MAX_LINE)
-            note(number, f"longer than {MAX_LINE} bytes; skipped")
-            continue
-        if not raw.strip():
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            text = raw.decode("utf-8", errors="replace")
-            note(number, "invalid UTF-8, shown with replacement characters")
-        yield number, text, raw.endswith(b"\n")
+    """(number, text, ends with a newline) per non-blank line of a trajectory file."""
+    return text_lines(handle, note, MAX_LINE)
