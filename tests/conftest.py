@@ -31,3 +31,11 @@ def real_run(tmp_path_factory) -> Path:
     short = ["--set", "trainer.steps=3", "--set", "trainer.eval_every=1", "--set", "trainer.tasks_per_step=8"]
     assert main(["train", str(EXAMPLES / "quickstart.yaml"), "--run-dir", str(run), *short]) == 0
     return run
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory) -> Path:
+    """A tiny Qwen2-style chat model dir (byte-level BPE, ChatML template), built once per session."""
+    from unimas.tiny_chat import chat_model_dir
+
+    return chat_model_dir(tmp_path_factory.getbasetemp() / "models")

@@ -215,3 +215,18 @@ def test_steps_over_the_failure_budget_skip_their_update_until_the_limit(faulty,
     assert code == 1 and "2 step(s) over trainer.failure_budget in a row" in err and "Traceback" not in err
     assert [r["step"] for r in metrics] == [0, 1]
     assert metrics[1]["episode/over_budget"] == 1.0 and not any(k.startswith("group/shared/policy") for k in metrics[1])
+
+
+def test_a_run_writes_nothing_outside_its_run_directory(tmp_path, monkeypatch):
+    """Run name, group names and adapter names all become path components; none may leave the run directory."""
+    monkeypatch.chdir(tmp_path)
+    tree = yaml.safe_load((EXAMPLES / "quickstart_lora.yaml").read_text())
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
+    before = {p for p in tmp_path.rglob("*")}
+    args = ["train", "config.yaml", "--run-dir", "run", "--set", "trainer.steps=1", "--set", "trainer.tasks_per_step=2",
+            "--set", "trainer.eval_size=2", "--set", "trainer.save_every=1"]
+    assert main(args) == 0
+    written = {p for p in tmp_path.rglob("*")} - before
+    assert written and all(p == tmp_path / "run" or (tmp_path / "run") in p.parents for p in written)
+    adapters = {p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*/*/adapters/*")}
+    assert adapters == set(tree["roles"][r]["adapter"] for r in tree["roles"])

@@ -7,6 +7,7 @@ import sys
 
 import networkx as nx
 import pytest
+from unimas_plugins.parsers import regex
 
 from unimas.config import GraphConfig, RoleConfig
 from unimas.controller.context import EpisodeContext, node_value
@@ -73,7 +74,8 @@ def graph(tree=LOOP, **changes):
 
 def run(workflow, task, tools=None):
     traj = GraphTrajectory(episode_id="e0", task_id="t0", task=task)
-    ctx = EpisodeContext(traj, ROLES, FakeRouter(), tools or {"grade": grade})
+    parsers = {name: regex(**role.parser.params) for name, role in ROLES.items() if role.parser}
+    ctx = EpisodeContext(traj, ROLES, FakeRouter(), tools or {"grade": grade}, parsers=parsers)
     traj.outcome = asyncio.run(workflow(ctx, task))
     return traj
 

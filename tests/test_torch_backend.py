@@ -162,7 +162,13 @@ def test_long_prompts_are_cut_from_the_left():
     group = make_group(max_positions=16)
     result = group.generate([GenRequest("S:" + "abcdefgh" * 3 + "c", gen(4))])[0]
     assert len(result.prompt_ids) == 12 and result.prompt_ids[-1] == group.tokenizer.convert_tokens_to_ids("c")
-    assert group.truncated_prompts == 1
+    assert result.truncated and result.response_ids  # cut, counted per role by the controller, and sampled
+
+
+def test_a_prompt_too_long_is_not_sampled_when_cutting_is_not_allowed():
+    group = make_group(max_positions=16)
+    result = group.generate([GenRequest("S:" + "abcdefgh" * 3 + "c", gen(4), allow_truncation=False)])[0]
+    assert result.truncated and result.response_ids == [] and len(result.prompt_ids) == 27
 
 
 def test_same_seed_same_samples_different_seed_different():

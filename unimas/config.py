@@ -125,21 +125,43 @@ class GenerationConfig(Strict):
     require_eos: bool = Field(True, description="no EOS within max_new_tokens = format error")
 
 
+class ParserConfig(Strict):
+    """A registered output parser and its parameters (``unimas plugins`` lists them)."""
+
+    name: str = Field(..., description="parser name: regex, tagged, boxed, json, code, first_line, last_number, "
+                      "or a plugin's")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the parser, e.g. "
+                                   "{pattern: ...} for regex, {tag: answer} for tagged, {required: [...]} for json")
+
+
 class RoleConfig(Strict):
     """A logical agent: a prompt template on top of a model group."""
 
     model: str = Field(..., description="name of the model group (key of `models`) that generates its turns")
     adapter: Optional[str] = Field(None, description="LoRA adapter name; needs `lora` on the model group")
 
-    system: str = Field("", description="text prepended to every rendered prompt")
+    system: str = Field("", description="the system message (chat models); prepended to the prompt otherwise")
     template: str = Field(..., description="Python format string over the task and workflow variables, "
                           "e.g. 'S:{target}'")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="sampling while training")
     eval_generation: Optional[GenerationConfig] = Field(None, description="settings for greedy evaluation "
                                                         "(`eval_samples: 1`); null = `generation`")
     trainable: bool = Field(True, description="false = the role acts but its turns are never trained on")
-    parser: Optional[str] = Field(None, description="regex whose first group is the parsed answer; "
-                                  "null = the stripped text")
+    parser: Optional[ParserConfig] = Field(None, description="how the answer is read from the output; a plain "
+                                           "string is a regex; null = the stripped text")
+    memory: Literal["none", "own", "shared"] = Field(
+        "none", description="earlier turns in the prompt: none; own (the role's turns as a conversation); "
+        "shared (the episode's transcript)")
+    chat: Literal["auto", "off"] = Field("auto", description="auto: use the tokenizer's chat template when it has "
+                                         "one; off: plain text prompts")
+    truncation: Literal["left", "error"] = Field(
+        "left", description="a prompt longer than the context: left = keep its end (counted per role); "
+        "error = the turn fails its episode")
+
+    @field_validator("parser", mode="before")
+    @classmethod
+    def _regex_shorthand(cls, value: Any) -> Any:
+        return {"name": "regex", "params": {"pattern": value}} if isinstance(value, str) else value
 
     @field_validator("adapter")
     @classmethod

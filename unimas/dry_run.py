@@ -81,7 +81,8 @@ def dry_run(experiment: Experiment, episodes: int) -> DryRun:
                     config.runtime.max_wait_ms / 1000)
     runtime = config.runtime
     controller = Controller(experiment.workflow, config.roles, router, experiment.tools,
-                            runtime.max_concurrent_episodes, runtime.tool_timeout_s, runtime.episode_timeout_s)
+                            runtime.max_concurrent_episodes, runtime.tool_timeout_s, runtime.episode_timeout_s,
+                            experiment.parsers)
     tasks = experiment.tasks("train")
     size = min(config.algorithm.group_size, episodes)
     specs = [EpisodeSpec(f"dry-{i}", f"dry-t{i // size}", tasks[(i // size) % len(tasks)]) for i in range(episodes)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from unimas.algorithms import Estimator, resolve_estimator
-from unimas.config import ExperimentConfig
+from unimas.config import ExperimentConfig, ParserConfig
 from unimas.credit import reward_keys
 from unimas.errors import UserError, describe
 from unimas.registry import Registry, build_registry
@@ -29,6 +29,8 @@ class Experiment:
     tools: dict[str, Callable[..., Any]]
     rewards: dict[str, Callable[..., Any]]
     estimator: Estimator
+    parsers: dict[str, Callable[[str], Any]]
+    """Per role with a ``parser``: its ``parse(text)``."""
     _tasks: dict[str, list[dict]] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
@@ -46,7 +48,14 @@ class Experiment:
                    for i, r in enumerate(config.rewards)}
         registry.get("datasets", config.data.name, where="data.name")
         estimator = resolve_estimator(config.algorithm.estimator, registry)
-        return cls(config, registry, workflow, tools, rewards, estimator)
+        parsers = {}
+        for name, role in config.roles.items():
+            if role.parser is not None:
+                try:
+                    parsers[name] = make_parser(registry, role.parser)
+                except ValueError as exc:
+                    raise UserError(str(exc), where=f"roles.{name}.parser") from None
+        return cls(config, registry, workflow, tools, rewards, estimator, parsers)
 
     def tasks(self, split: str) -> list[dict]:
         """The dataset's tasks for ``split``, each with an ``id``; loaded and checked once per split."""
@@ -81,6 +90,16 @@ class Experiment:
             if spec.level == "trajectory":
                 return key
         return None
+
+
+def make_parser(registry: Registry, spec: ParserConfig) -> Callable[[str], Any]:
+    """The parse function of a registered parser; ``ValueError`` names what is wrong with ``spec``."""
+    if not registry.has("parsers", spec.name):
+        raise ValueError(f"unknown parser '{spec.name}'; registered: {', '.join(registry.names('parsers'))}")
+    try:
+        return registry.get("parsers", spec.name)(**spec.params)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"parser '{spec.name}' rejected its params {spec.params}: {exc}") from None
 
 
 def _check_async(workflow: Callable[..., Any], name: str, provider: str) -> None:

@@ -75,7 +75,8 @@ class Backend(Protocol):
     group. Optional class attributes: ``can_train = False`` for backends that
     only generate (validation keeps trainable groups off them), and
     ``vocabulary(options)`` listing token strings for the stand-in model of
-    ``unimas validate --episodes``.
+    ``unimas validate --episodes``; ``has_chat_template(options)``, which
+    ``unimas validate`` reports per role.
     """
 
     options: ClassVar[type["BaseModel"]]

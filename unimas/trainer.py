@@ -52,7 +52,8 @@ class Trainer:
         runtime = self.config.runtime
         self.controller = Controller(experiment.workflow, self.config.roles, self._new_router(), experiment.tools,
                                      max_concurrent=runtime.max_concurrent_episodes,
-                                     tool_timeout_s=runtime.tool_timeout_s, episode_timeout_s=runtime.episode_timeout_s)
+                                     tool_timeout_s=runtime.tool_timeout_s, episode_timeout_s=runtime.episode_timeout_s,
+                                     parsers=experiment.parsers)
         self.credit = CreditAssigner(self.config, experiment.rewards, experiment.estimator)
         self.train_tasks = experiment.tasks("train")
         self.eval_tasks = experiment.tasks("eval")[: self.config.trainer.eval_size]

@@ -7,13 +7,12 @@ them all.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from unimas import algorithms
 from unimas.config import ExperimentConfig, RoleConfig
 from unimas.errors import UserError
-from unimas.experiment import Experiment
+from unimas.experiment import Experiment, make_parser
 from unimas.groups.build import backend_options
 from unimas.registry import Registry, build_registry
 from unimas.report.data import model_mapping
@@ -79,9 +78,9 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
                 add(f"{where}.{attr}", str(exc))
         if role.parser is not None:
             try:
-                re.compile(role.parser)
-            except re.error as exc:
-                add(f"{where}.parser", f"invalid regular expression {role.parser!r}: {exc}")
+                make_parser(registry, role.parser)
+            except ValueError as exc:
+                add(f"{where}.parser", str(exc))
 
     for index, reward in enumerate(config.rewards):
         where = f"rewards[{index}]"
@@ -202,11 +201,14 @@ def summary(experiment: Experiment) -> str:
     """What `unimas validate` prints: the mapping (as the report header shows it), workflow, algorithm."""
     config = experiment.config
     lines = ["roles -> model groups:"]
+    templated = {group: _has_chat_template(experiment, group) for group in config.models}
     for name, role in config.roles.items():
         extras = [f"adapter {role.adapter}"] if role.adapter else []
         if not role.trainable:
             extras.append("frozen")
-        lines.append(f"  {name} -> {role.model}" + (f" ({', '.join(extras)})" if extras else ""))
+        chat = "chat template" if role.chat == "auto" and templated[role.model] else "plain prompt"
+        extras += [chat, f"memory {role.memory}"]
+        lines.append(f"  {name} -> {role.model} ({', '.join(extras)})")
     lines.append("model groups:")
     for row in model_mapping(config.model_dump(mode="json")):
         options = config.models[row.group].options
@@ -223,3 +225,10 @@ def summary(experiment: Experiment) -> str:
     lines.append(f"algorithm: {algo.estimator} grouped by {algo.grouping}, G={algo.group_size}, loss {algo.loss}, "
                  f"KL {algo.kl_coef}; runtime {config.runtime.kind}")
     return "\n".join(lines)
+
+
+def _has_chat_template(experiment: Experiment, group: str) -> bool:
+    """Whether the group's tokenizer has a chat template, as its backend tells (False when it cannot say)."""
+    backend = experiment.registry.get("backends", experiment.config.models[group].backend)
+    check = getattr(backend, "has_chat_template", None)
+    return bool(check(backend_options(experiment.config, experiment.registry, group))) if callable(check) else False

@@ -11,14 +11,14 @@ through these same two calls, so both produce the same graph trajectory.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from typing import Any, Callable, Iterable, Mapping
 
 from unimas.config import RoleConfig
+from unimas.controller.conversation import conversation
 from unimas.controller.router import Router
 from unimas.controller.timeouts import call_with_timeout
-from unimas.errors import UserError
+from unimas.errors import ParseError, UserError, describe
 from unimas.groups.base import GenRequest
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 from unimas.workflow.templates import render
@@ -47,6 +47,7 @@ class EpisodeContext:
         tools: Mapping[str, Callable[..., Any]],
         greedy: bool = False,
         tool_timeout_s: float = 60.0,
+        parsers: Mapping[str, Callable[[str], Any]] | None = None,
     ):
         self.trajectory = trajectory
         self.task = trajectory.task
@@ -55,6 +56,7 @@ class EpisodeContext:
         self._tools = tools
         self._greedy = greedy
         self._tool_timeout_s = tool_timeout_s
+        self._parsers = parsers or {}
         self._role_counts: dict[str, int] = {}
         self._tool_counts: dict[str, int] = {}
 
@@ -69,27 +71,33 @@ class EpisodeContext:
         spec = self._roles[role]
         values = {**self.task, **{k: node_value(v) for k, v in variables.items()}}
         try:
-            prompt = spec.system + render(spec.template, values)
+            user_text = render(spec.template, values)
         except KeyError as missing:
-            raise UserError(f"template of role '{role}' needs variable {missing}, which neither the workflow nor "
-                            f"the task (id {self.task.get('id')!r}) provides", where=f"roles.{role}.template") from None
+            raise UserError(f"template of role '{role}' needs variable {missing}, which the workflow did not pass",
+                            where=f"roles.{role}.template") from None
+        messages, continuation, seen = conversation(role, spec, user_text, self.trajectory.turns())
         index = self._role_counts.get(role, 0)
         self._role_counts[role] = index + 1
         generation = spec.eval_generation if (self._greedy and spec.eval_generation) else spec.generation
+        prompt = "".join(m["content"] for m in messages)
+        request = GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy,
+                             messages=messages, continuation=continuation, use_chat_template=spec.chat != "off",
+                             allow_truncation=spec.truncation == "left")
         started = time.perf_counter()
-        result = await self._router.submit(
-            spec.model,
-            GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy),
-            episode=self.trajectory.episode_id,
-        )
+        result = await self._router.submit(spec.model, request, episode=self.trajectory.episode_id)
         node = TurnNode(
-            id=f"{role}#{index}", role=role, model_group=spec.model, prompt=prompt, text=result.text,
+            id=f"{role}#{index}", role=role, model_group=spec.model, prompt=result.prompt_text or prompt,
+            text=result.text, input=user_text, messages=messages if spec.memory != "none" else [],
             prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
-            logprobs_exact=result.logprobs_exact, finished=result.finished, role_turn_index=index,
-            started=started, ended=time.perf_counter(),
+            logprobs_exact=result.logprobs_exact, continued=result.continued, truncated=result.truncated,
+            finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
         )
-        _parse(node, spec)
-        return self.trajectory.add_node(node, self._consumed(after, variables))
+        self.trajectory.add_node(node, self._consumed([*after, *seen], variables))
+        if node.truncated and spec.truncation == "error":
+            raise PromptTooLong(f"the prompt of role '{role}' ({len(node.prompt_ids)} tokens) does not fit model "
+                                f"group '{spec.model}' (roles.{role}.truncation: error)")
+        _parse(node, spec, self._parsers.get(role))
+        return node
 
     async def tool(self, name: str, *, after: Iterable[Any] = (), **arguments: Any) -> ToolNode:
         if name not in self._tools:
@@ -108,16 +116,21 @@ class EpisodeContext:
         return self.trajectory.add_node(node, self._consumed(after, arguments))
 
 
-def _parse(node: TurnNode, spec: RoleConfig) -> None:
-    """Fill ``parsed``/``parse_error``: bad output is recorded, never raised."""
+class PromptTooLong(RuntimeError):
+    """A role's prompt exceeds its model's context and the role does not allow cutting it: its episode fails."""
+
+
+def _parse(node: TurnNode, spec: RoleConfig, parse: Callable[[str], Any] | None) -> None:
+    """Fill ``parsed``/``parse_error``: bad output is recorded, never raised (a buggy parser's error too)."""
     if spec.generation.require_eos and not node.finished:
         node.parse_error = f"no end-of-sequence within {spec.generation.max_new_tokens} tokens"
         return
-    if spec.parser is None:
+    if parse is None:
         node.parsed = node.text.strip()
         return
-    match = re.search(spec.parser, node.text)
-    if match is None:
-        node.parse_error = f"output does not match parser {spec.parser!r}"
-    else:
-        node.parsed = match.group(1) if match.groups() else match.group(0)
+    try:
+        node.parsed = parse(node.text)
+    except ParseError as exc:
+        node.parse_error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a parser plugin's bug is recorded like a parse failure
+        node.parse_error = f"parser {spec.parser.name!r} failed: {describe(exc)}"

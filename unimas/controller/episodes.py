@@ -39,7 +39,8 @@ class Controller:
 
     def __init__(self, workflow: Workflow, roles: Mapping[str, RoleConfig], router: Router,
                  tools: Mapping[str, Callable[..., Any]], max_concurrent: int = 1024,
-                 tool_timeout_s: float = 60.0, episode_timeout_s: float = 600.0):
+                 tool_timeout_s: float = 60.0, episode_timeout_s: float = 600.0,
+                 parsers: Mapping[str, Callable[[str], Any]] | None = None):
         self.workflow = workflow
         self.roles = roles
         self.router = router
@@ -47,11 +48,12 @@ class Controller:
         self.max_concurrent = max_concurrent
         self.tool_timeout_s = tool_timeout_s
         self.episode_timeout_s = episode_timeout_s
+        self.parsers = parsers or {}
 
     async def _run_one(self, spec: EpisodeSpec, greedy: bool) -> GraphTrajectory:
         trajectory = GraphTrajectory(episode_id=spec.episode_id, task_id=spec.task_uid, task=spec.task)
         context = EpisodeContext(trajectory, self.roles, self.router, self.tools, greedy=greedy,
-                                 tool_timeout_s=self.tool_timeout_s)
+                                 tool_timeout_s=self.tool_timeout_s, parsers=self.parsers)
         trajectory.started = time.perf_counter()
         try:
             outcome = await bounded(self.workflow(context, spec.task), self.episode_timeout_s, "the episode")

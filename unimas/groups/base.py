@@ -52,6 +52,8 @@ class GenRequest:
     continuation: Optional[Continuation] = None
     use_chat_template: bool = True
     """False: render ``messages`` as plain text even when the tokenizer has a chat template."""
+    allow_truncation: bool = True
+    """False: a prompt longer than the context is not cut: the result comes back empty with ``truncated``."""
 
 
 @dataclass

@@ -7,8 +7,8 @@ unreadable ``config.yaml`` are skipped, each recorded as a :class:`Skipped`
 note that the report shows and ``unimas report`` prints, so nothing is dropped
 silently. A missing config only costs the role-to-model mapping and the role
 list (then read off the metric names). Episodes are slimmed for the viewer
-(token ids and log-probs dropped, long texts cut, tasks labelled by the
-dataset's own id) and laid out in layers by topological depth, so the page
+(token ids and log-probs dropped, long texts cut, malformed chat messages
+skipped, tasks labelled by the dataset's own id) and laid out in layers by topological depth, so the page
 only has to draw boxes at given grid positions.
 """
 
@@ -27,6 +27,8 @@ from unimas.report.sources import Note, Skipped, bounded, json_lines, metrics_re
 
 MAX_TEXT = 2000
 """Characters of a prompt or response kept per node; the rest is cut with a marker."""
+MAX_MESSAGES = 24
+"""Chat messages kept per turn: the first (usually the system message) and the latest ones."""
 MAX_STEPS = 40
 """Steps per split offered in the viewer; evenly spaced, first and last always kept."""
 PER_OUTCOME = 4
@@ -182,6 +184,32 @@ def _cut(value: Any) -> str:
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"… [{len(text) - MAX_TEXT} more characters]"
 
 
+def _cut_middle(value: Any) -> str:
+    """Like :func:`_cut`, but keeps both ends: a rendered prompt's tail holds the new input and the
+    template's generation marker, which a reader most wants to see."""
+    text = value if isinstance(value, str) else "" if value is None else json.dumps(value, default=str)
+    if len(text) <= MAX_TEXT:
+        return text
+    half = MAX_TEXT // 2
+    return text[:half] + f"\n… [{len(text) - 2 * half} characters left out] …\n" + text[-half:]
+
+
+def conversation(value: Any) -> tuple[list[dict[str, str]], int]:
+    """The drawable chat messages of a turn and how many were left out.
+
+    Entries that are not ``{"role": str, "content": str}`` objects are skipped (a wrong-typed
+    ``messages`` field gives no messages); contents are cut like other texts. Of a long
+    conversation the first message and the latest ``MAX_MESSAGES - 1`` are kept.
+    """
+    if not isinstance(value, list):
+        return [], 0
+    good = [{"role": _cut(m["role"]), "content": _cut(m["content"])} for m in value
+            if isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)]
+    if len(good) <= MAX_MESSAGES:
+        return good, 0
+    return good[:1] + good[1 - MAX_MESSAGES:], len(good) - MAX_MESSAGES
+
+
 def _text(value: Any) -> str | None:
     """Short text for a label or an error field, None kept as None."""
     return None if value is None else _cut(value)
@@ -253,10 +281,14 @@ def slim_episode(episode: dict[str, Any], primary: str | None) -> dict[str, Any]
                 "layer": positions[raw["id"]][0], "slot": positions[raw["id"]][1]}
         if node["kind"] == "turn":
             ids = raw.get("response_ids")
+            messages, omitted = conversation(raw.get("messages"))
             node.update(role=_text(raw.get("role")), group=_text(raw.get("model_group")),
-                        prompt=_cut(raw.get("prompt")), text=_cut(raw.get("text")), parsed=_text(raw.get("parsed")),
-                        parse_error=_text(raw.get("parse_error")), reward=finite(raw.get("reward")),
-                        advantage=finite(raw.get("advantage")), tokens=len(ids) if isinstance(ids, list) else 0)
+                        prompt=_cut_middle(raw.get("prompt")), input=_cut(raw.get("input")), messages=messages,
+                        messages_omitted=omitted, continued=raw.get("continued") is True,
+                        truncated=raw.get("truncated") is True, text=_cut(raw.get("text")),
+                        parsed=_text(raw.get("parsed")), parse_error=_text(raw.get("parse_error")),
+                        reward=finite(raw.get("reward")), advantage=finite(raw.get("advantage")),
+                        tokens=len(ids) if isinstance(ids, list) else 0)
         else:
             node.update(tool=_text(raw.get("tool")), arguments=_cut(raw.get("arguments")),
                         result=_cut(raw.get("result")), error=_text(raw.get("error")))

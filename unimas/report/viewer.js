@@ -153,8 +153,9 @@
         ? `${n.role} · ${n.id} — reward ${fmt(n.reward)}, advantage ${fmt(n.advantage)}, ${n.tokens} tokens`
         : `tool ${n.tool} · ${n.id}`;
       d.appendChild(el("summary", {}, head + (problem(n) ? "  ⚠ " + (n.parse_error || n.error) : "")));
+      if (n.kind === "turn") chat(d, n);
       const fields = n.kind === "turn"
-        ? [["prompt", n.prompt], ["response", n.text], ["parsed", n.parsed], ["parse error", n.parse_error]]
+        ? [["response", n.text], ["parsed", n.parsed], ["parse error", n.parse_error]]
         : [["arguments", n.arguments], ["result", n.result], ["error", n.error]];
       for (const [label, value] of fields) {
         if (value === null || value === undefined) continue;
@@ -162,6 +163,48 @@
         d.appendChild(el("pre", {}, String(value)));
       }
       box.appendChild(d);
+    }
+  }
+
+  // A turn's chat side: continued/truncated badges, the role's conversation (or, for a role without
+  // memory, just this turn's input) and the prompt exactly as rendered, template markers included.
+  function chat(d, n) {
+    const badges = el("div", { class: "badges" });
+    if (n.continued === true) {
+      badges.appendChild(el("span", { class: "badge continued", title: "the prompt ids extend this role's "
+                                      + "previous turn (prompt + response) exactly, without re-tokenising" },
+                            "continued"));
+    }
+    if (n.truncated === true) {
+      badges.appendChild(el("span", { class: "badge truncated", title: "the prompt was cut to fit the "
+                                      + "model's context" }, "truncated"));
+    }
+    if (badges.childNodes.length) d.appendChild(badges);
+    const messages = (Array.isArray(n.messages) ? n.messages : [])
+      .filter((m) => m && typeof m.role === "string" && typeof m.content === "string");
+    if (messages.length) {
+      const omitted = typeof n.messages_omitted === "number" && n.messages_omitted > 0 ? n.messages_omitted : 0;
+      d.appendChild(el("div", { class: "label" }, `conversation (${messages.length + omitted} messages)`));
+      const list = el("div", { class: "conversation" });
+      messages.forEach((m, i) => {
+        if (i === 1 && omitted) {
+          list.appendChild(el("div", { class: "omitted" }, `… ${omitted} earlier messages left out`));
+        }
+        const item = el("div", { class: "message", "data-message-role": m.role });
+        item.appendChild(el("div", { class: "who" }, m.role));
+        item.appendChild(el("pre", {}, m.content));
+        list.appendChild(item);
+      });
+      d.appendChild(list);
+    } else if (typeof n.input === "string" && n.input) {
+      d.appendChild(el("div", { class: "label" }, "input"));
+      d.appendChild(el("pre", { class: "input" }, n.input));
+    }
+    if (n.prompt !== null && n.prompt !== undefined) {
+      const prompt = el("details", { class: "prompt" });
+      prompt.appendChild(el("summary", { class: "label" }, "rendered prompt (as the model saw it)"));
+      prompt.appendChild(el("pre", {}, String(n.prompt)));
+      d.appendChild(prompt);
     }
   }
 

@@ -32,6 +32,8 @@ class RenderedPrompt:
     """The prompt as the model saw it, special tokens included (role markers of the template)."""
     continued: bool
     """True when ``ids`` extend the previous turn's prompt + response ids exactly."""
+    truncated: bool = False
+    """Longer than the context allows (cut from the left, unless its request forbids cutting)."""
 
 
 def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:

@@ -34,7 +34,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from unimas.config import GenerationConfig, LoraConfig
 from unimas.errors import UserError
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
-from unimas.groups.torch import checkpoint, optimizer, sampling, training
+from unimas.groups.torch import chat, checkpoint, optimizer, sampling, training
 from unimas.groups.torch import source as source_of
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch
@@ -67,7 +67,6 @@ class TorchModelGroup(ModelGroup):
         self.model = self._wrap_lora(model, spec.seed).to(device).eval()
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(spec.seed)
-        self.truncated_prompts = 0
         self.train_params = self._mark_trainable()
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.scheduler: Optional[torch.optim.lr_scheduler.LambdaLR] = None
@@ -101,6 +100,13 @@ class TorchModelGroup(ModelGroup):
         """Token texts for a stand-in model, from the tokenizer alone; see :func:`source.vocabulary`."""
         options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
         return source_of.vocabulary(options)
+
+    @classmethod
+    def has_chat_template(cls, options: Any) -> Optional[bool]:
+        """Whether roles on this group render through a chat template (`unimas validate` says so)."""
+        options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
+        tokenizer = source_of.tokenizer_only(options)
+        return None if tokenizer is None else chat.has_chat_template(tokenizer)
 
     # ----------------------------------------------------------------- setup
 
@@ -198,11 +204,36 @@ class TorchModelGroup(ModelGroup):
     # ------------------------------------------------------------ generation
 
     def fit_prompts(self, texts: Sequence[str], reserve: int) -> list[list[int]]:
-        """Token ids of prompts (one tokenizer call for the batch), each fitted by :meth:`_fit_prompt`."""
+        """Token ids of plain prompts (one tokenizer call for the batch), each fitted by :meth:`_fit_prompt`."""
         encoded = self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
         return [self._fit_prompt(text, ids, reserve) for text, ids in zip(texts, encoded)]
 
-    def _fit_prompt(self, text: str, ids: list[int], reserve: int) -> list[int]:
+    def render_prompts(self, requests: Sequence[GenRequest], reserve: int) -> list[chat.RenderedPrompt]:
+        """Each request's prompt ids: plain prompts batched, chat and continued conversations one by one.
+
+        A prompt too long for the context is cut from the left (``truncated``)
+        or, when its request does not allow that, left uncut for the caller to refuse.
+        """
+        templated = chat.has_chat_template(self.tokenizer)
+        uses_chat = [bool(r.messages) and r.use_chat_template and templated for r in requests]
+        plain = [i for i, r in enumerate(requests) if r.continuation is None and not uses_chat[i]]
+        prompts: list[Optional[chat.RenderedPrompt]] = [None] * len(requests)
+        if plain:
+            encoded = self.tokenizer([requests[i].prompt for i in plain], add_special_tokens=True)["input_ids"]
+            for i, ids in zip(plain, encoded):
+                prompts[i] = chat.RenderedPrompt(ids, "", continued=False)
+        for i, request in enumerate(requests):
+            if prompts[i] is None:
+                render = chat.render_chat if uses_chat[i] else chat.render_plain
+                prompts[i] = render(self.tokenizer, request.messages or [], request.continuation)
+        limit = None if self.max_positions is None else self.max_positions - reserve
+        for prompt, request in zip(prompts, requests):
+            prompt.truncated = limit is not None and len(prompt.ids) > limit
+            prompt.ids = self._fit_prompt(prompt.text or request.prompt, prompt.ids, reserve,
+                                          cut=request.allow_truncation)
+        return prompts  # type: ignore[return-value]
+
+    def _fit_prompt(self, text: str, ids: list[int], reserve: int, cut: bool = True) -> list[int]:
         """Check the characters and cut the prompt from the left so that ``reserve`` more tokens fit."""
         try:
             check_known(self.tokenizer, text, ids)
@@ -217,8 +248,7 @@ class TorchModelGroup(ModelGroup):
         if limit < 1:
             raise UserError(f"{reserve} new tokens do not fit ({self.max_positions} positions); lower the role's "
                             "generation.max_new_tokens", where=f"model group '{self.name}'")
-        if len(ids) > limit:
-            self.truncated_prompts += 1
+        if len(ids) > limit and cut:
             log.warning("model group '%s': prompt of %d tokens cut to its last %d", self.name, len(ids), limit)
             ids = ids[-limit:]
         return ids
@@ -236,21 +266,31 @@ class TorchModelGroup(ModelGroup):
             self.model.eval()
             for (adapter, _, greedy, _), rows in buckets.items():
                 first = requests[rows[0]]
-                outs = self._generate_batch([requests[i].prompt for i in rows], first.generation, greedy, adapter)
+                outs = self._generate_batch([requests[i] for i in rows], first.generation, greedy, adapter)
                 for i, out in zip(rows, outs):
                     results[i] = out
         return results
 
-    def _generate_batch(self, prompts: list[str], gen: GenerationConfig, greedy: bool,
+    def _generate_batch(self, requests: list[GenRequest], gen: GenerationConfig, greedy: bool,
                         adapter: Optional[str]) -> list[GenResult]:
-        prompt_ids = self.fit_prompts(prompts, gen.max_new_tokens)
-        batch = layout_batch(prompt_ids, [[]] * len(prompt_ids), self.pad_id, self.device)
-        with self.route(self.model, adapter):
-            token_rows, logprob_rows = sampling.sample_tokens(
-                self.model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                logit_bias=self.logit_bias, generator=self.generator)
-        return sampling.to_results(self.tokenizer, prompt_ids, token_rows, logprob_rows, self.eos_ids,
-                                   exact=sampling.logprobs_are_exact(gen, greedy))
+        """Sample the requests whose prompts fit; a prompt too long and not allowed to be cut gets no response."""
+        prompts = self.render_prompts(requests, gen.max_new_tokens)
+        run = [i for i, (p, r) in enumerate(zip(prompts, requests)) if r.allow_truncation or not p.truncated]
+        results = [GenResult(text="", prompt_ids=p.ids, response_ids=[], logprobs=[], finished=False,
+                             prompt_text=p.text, truncated=True) for p in prompts]
+        if run:
+            batch = layout_batch([prompts[i].ids for i in run], [[]] * len(run), self.pad_id, self.device)
+            with self.route(self.model, adapter):
+                token_rows, logprob_rows = sampling.sample_tokens(
+                    self.model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                    logit_bias=self.logit_bias, generator=self.generator)
+            sampled = sampling.to_results(self.tokenizer, [prompts[i].ids for i in run], token_rows, logprob_rows,
+                                          self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy))
+            for i, result in zip(run, sampled):
+                prompt = prompts[i]
+                result.prompt_text, result.continued, result.truncated = prompt.text, prompt.continued, prompt.truncated
+                results[i] = result
+        return results
 
     # -------------------------------------------------------------- training
 

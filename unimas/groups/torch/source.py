@@ -53,11 +53,9 @@ def load_model(options: TorchOptions, name: str,
     return model, tokenizer, source[0] if source else None
 
 
-def vocabulary(options: TorchOptions) -> Optional[list[str]]:
-    """The text of every non-special token, in id order without repeats; no weights are loaded.
-
-    None when ``init_from`` is a run checkpoint with several groups (which one is unknown here).
-    """
+def tokenizer_only(options: TorchOptions) -> Optional[PreTrainedTokenizerBase]:
+    """The group's tokenizer without its weights; None when ``init_from`` is a run checkpoint with several
+    groups (which one is unknown here)."""
     model_dir = None
     if options.init_from is not None:
         model_dir = checkpoint.model_dir_without_name(Path(options.init_from))
@@ -65,7 +63,14 @@ def vocabulary(options: TorchOptions) -> Optional[list[str]]:
             return None
     elif options.path is not None:
         model_dir = Path(options.path)
-    tokenizer = load_tokenizer(options, model_dir)
+    return load_tokenizer(options, model_dir)
+
+
+def vocabulary(options: TorchOptions) -> Optional[list[str]]:
+    """The text of every non-special token, in id order without repeats; no weights are loaded."""
+    tokenizer = tokenizer_only(options)
+    if tokenizer is None:
+        return None
     special = set(tokenizer.all_special_ids)
     texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer)) if i not in special])
     return [text for text in dict.fromkeys(texts) if text]

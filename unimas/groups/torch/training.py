@@ -12,6 +12,7 @@ instance (``benchmarks/common.py`` does) without touching this module.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -26,6 +27,8 @@ from unimas.groups.base import TrainTurn
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch, pad_rows
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from unimas.groups.torch.group import TorchModelGroup
 
@@ -38,8 +41,11 @@ class SupervisedExample:
     adapter: Optional[str] = None
 
 
-UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped", "lr",
-                  "tokens", "update_time_s")
+ROLLOUT_TOLERANCE = 1e-3
+"""Largest |recomputed - sampled| log-prob on the first step before a warning (float32 noise is ~1e-6)."""
+
+UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
+                  "rollout_logprob_diff", "lr", "tokens", "update_time_s")
 
 
 def compute_logprobs(
@@ -134,6 +140,7 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
     old = old_logprobs(group, turns, size)
     sums: dict[str, float] = defaultdict(float)
     steps = 0
+    mismatch = 0.0
     group.model.train()
     try:
         for _ in range(algorithm.ppo_epochs):
@@ -142,13 +149,20 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
                 order = torch.randperm(len(turns), generator=group.generator, device=group.device).tolist()
             for begin in range(0, len(turns), size):
                 rows = order[begin: begin + size]
-                step = ppo_step(group, [turns[i] for i in rows], [old[i] for i in rows], algorithm, optimizer)
+                batch = [turns[i] for i in rows]
+                step = ppo_step(group, batch, [old[i] for i in rows], algorithm, optimizer, check_rollout=steps == 0)
+                mismatch = max(mismatch, step.pop("rollout_logprob_diff", 0.0))
                 for key, value in step.items():
                     sums[key] += value
                 steps += 1
     finally:
         group.model.eval()
     metrics = {key: value / max(steps, 1) for key, value in sums.items()}
+    metrics["rollout_logprob_diff"] = mismatch
+    if mismatch > ROLLOUT_TOLERANCE:
+        log.warning("model group '%s': log-probs recomputed for training differ from the sampled ones by up to %.2e "
+                    "(tolerance %.0e): the trained ids or the sampling distribution differ from what was sampled",
+                    group.name, mismatch, ROLLOUT_TOLERANCE)
     metrics["tokens"] = float(sum(len(t.response_ids) for t in turns))
     metrics["update_time_s"] = time.perf_counter() - start
     return metrics
@@ -160,12 +174,23 @@ def ppo_step(
     old: list[list[float]],
     algorithm: AlgorithmConfig,
     optimizer: torch.optim.Optimizer,
+    check_rollout: bool = False,
 ) -> dict[str, float]:
-    """One optimiser step on one mini-batch."""
+    """One optimiser step on one mini-batch.
+
+    ``check_rollout`` (the first step of an update, weights still those that
+    sampled): report how far the recomputed log-probs of turns with exact
+    rollout log-probs are from the sampled ones — a token mismatch between
+    what was sampled and what is trained shows up here.
+    """
     logp, entropy, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns], entropy=True)
     if algorithm.entropy_coef <= 0:
         entropy = entropy.detach()
     old_logp = pad_rows(old, mask.shape[1], group.device)
+    diff = {}
+    if check_rollout:
+        exact = torch.tensor([t.rollout_logprobs_exact for t in turns], device=group.device)[:, None] * mask
+        diff["rollout_logprob_diff"] = float(((logp.detach() - old_logp).abs() * exact).max()) if exact.any() else 0.0
     advantages = torch.tensor([float(t.advantage) for t in turns], device=group.device)[:, None] * mask
     reference = group.reference_logprobs(turns) if algorithm.kl_coef > 0 else None
     loss, metrics = algorithms.compose_loss(group.spec.policy_loss, algorithm, log_prob=logp, old_log_prob=old_logp,
@@ -178,9 +203,9 @@ def ppo_step(
         # A NaN/inf step would poison the weights and every later sample: drop it and say so.
         optimizer.zero_grad(set_to_none=True)
         clean = {key: value if math.isfinite(value) else 0.0 for key, value in metrics.items()}
-        return {**clean, "grad_norm": 0.0, "nonfinite_skipped": 1.0}
+        return {**clean, **diff, "grad_norm": 0.0, "nonfinite_skipped": 1.0}
     optimizer.step()
-    return {**metrics, "grad_norm": float(grad_norm), "nonfinite_skipped": 0.0}
+    return {**metrics, **diff, "grad_norm": float(grad_norm), "nonfinite_skipped": 0.0}
 
 
 def supervised_turns(group: "TorchModelGroup", examples: Sequence[SupervisedExample]) -> list[TrainTurn]:
