@@ -114,3 +114,16 @@ def test_validate_reports_template_use_and_memory(chat_model):
     text = summary(validate(chat_config(chat_model)))
     assert "asker -> chat (chat template, memory own)" in text
     assert "answerer -> chat (chat template, memory none)" in text
+
+
+def test_the_chat_quickstart_learns(chat_model, tmp_path, repo):
+    """Signalling through the chat template on the test model: from its step-0 accuracy to perfect."""
+    from unimas.cli import main
+    from unimas.metrics import read_metrics
+
+    run = tmp_path / "run"
+    assert main(["train", str(repo / "examples" / "quickstart_chat.yaml"), "--run-dir", str(run),
+                 "--set", f"models.shared.options.path={chat_model}", "--set", "logging.report=false",
+                 "--set", "trainer.steps=60"]) == 0
+    evals = [r["eval/accuracy"] for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in r]
+    assert evals[0] <= 0.7 and evals[-1] >= evals[0] + 0.25 and evals[-1] >= 0.95

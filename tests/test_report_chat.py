@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ def _episode() -> dict:
     ids = [n["id"] for n in nodes]
     return {"episode_id": "ep0", "task_id": "t0", "task": {"id": "q1", "question": "2+2"},
             "outcome": {"_step": 0}, "rewards": {"exact_match": 1.0}, "error": None, "started": 0.0, "ended": 2.0,
-            "nodes": nodes, "edges": [[a, b] for a, b in zip(ids, ids[1:])]}
+            "nodes": nodes, "edges": [list(pair) for pair in pairwise(ids)]}
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ def chat_run(tmp_path: Path) -> Path:
 
 
 def _data(page: str) -> dict:
-    block = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S).group(1)
+    block = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.DOTALL).group(1)
     assert "<" not in block and ">" not in block and "&" not in block
     return json.loads(block)
 
@@ -122,7 +123,7 @@ def test_turn_nodes_carry_the_conversation_prompt_and_flags(chat_run, capsys):
     assert long["prompt"].endswith("<|im_start|>assistant\n") and "characters left out" in long["prompt"]
     assert len(long["prompt"]) < MAX_TEXT + 100
 
-    outside = page.replace(re.search(r'id="report-data">(.*?)</script>', page, re.S).group(1), "")
+    outside = page.replace(re.search(r'id="report-data">(.*?)</script>', page, re.DOTALL).group(1), "")
     assert outside.count("<script") == 2, "only the data block and the viewer script"
 
 

@@ -8,8 +8,8 @@ note that the report shows and ``unimas report`` prints, so nothing is dropped
 silently. A missing config only costs the role-to-model mapping and the role
 list (then read off the metric names). Episodes are slimmed for the viewer
 (token ids and log-probs dropped, long texts cut, malformed chat messages
-skipped, tasks labelled by the dataset's own id) and laid out in layers by topological depth, so the page
-only has to draw boxes at given grid positions.
+skipped, tasks labelled by the dataset's own id) and laid out in layers by
+topological depth, so the page only has to draw boxes at given grid positions.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import networkx as nx
 from unimas.report.sources import Note, Skipped, bounded, json_lines, metrics_records, read_config
 
 MAX_TEXT = 2000
-"""Characters of a prompt or response kept per node; the rest is cut with a marker."""
+"""Characters of a text (response, message, prompt) kept per node; the rest is cut with a marker.
+
+A prompt keeps both ends (its tail is the newest input), other texts their start."""
 MAX_MESSAGES = 24
 """Chat messages kept per turn: the first (usually the system message) and the latest ones."""
 MAX_STEPS = 40

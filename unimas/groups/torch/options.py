@@ -70,9 +70,9 @@ class TorchOptions(BaseModel):
     def _model_dir(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not _has_file(Path(value), "config.json"):
             hint = ""
-            if not Path(value).exists() and value.count("/") == 1:  # looks like a hub id, e.g. Qwen/Qwen2.5-0.5B
-                hint = (f"; it looks like a model hub name: download it once, e.g. `huggingface-cli download {value} "
-                        f"--local-dir models/{value.split('/')[1]}`, and set path to that directory")
+            if not Path(value).exists():
+                hint = (f"; if {value!r} is a model hub name, download it once (`huggingface-cli download {value} "
+                        "--local-dir DIR`) and set path to DIR")
             raise ValueError(f"{value!r} is not a Hugging Face model directory (no config.json in it); give the "
                              f"local directory that holds config.json and the weights (nothing is downloaded){hint}")
         return value
