@@ -112,6 +112,11 @@ def only_plain_data(obj, path="record"):
         for i, item in enumerate(obj):
             only_plain_data(item, f"{path}[{i}]")
         return
+    if isinstance(obj, dict):  # chat messages: {"role": ..., "content": ...}
+        for key, value in obj.items():
+            assert isinstance(key, str), f"{path} has a non-text key"
+            only_plain_data(value, f"{path}.{key}")
+        return
     if is_dataclass(obj):
         for f in fields(obj):
             only_plain_data(getattr(obj, f.name), f"{path}.{f.name}")
