@@ -20,10 +20,15 @@ class FrozenListener(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802 - http.server naming
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert self.path == "/v1/completions" and body["model"] == "listener-v1"
+        assert self.path in ("/v1/completions", "/v1/chat/completions") and body["model"] == "listener-v1"
         FrozenListener.requests_seen += 1
-        text = CODE.get(body["prompt"][-1:], "?")
-        payload = json.dumps({"choices": [{"text": text, "finish_reason": "stop"}]}).encode()
+        if self.path == "/v1/chat/completions":
+            FrozenListener.last_messages = body["messages"]
+            text = CODE.get(body["messages"][-1]["content"][-1:], "?")
+            choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        else:
+            choice = {"text": CODE.get(body["prompt"][-1:], "?"), "finish_reason": "stop"}
+        payload = json.dumps({"choices": [choice]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
@@ -75,3 +80,16 @@ def test_trainable_api_group_is_rejected(tmp_path, endpoint, capsys):
     config.write_text(yaml.safe_dump(tree))
     assert main(["validate", str(config)]) == 2
     assert "models.listener_model.trainable" in capsys.readouterr().err
+
+
+def test_chat_api_sends_the_roles_messages(endpoint):
+    from unimas.config import GenerationConfig
+    from unimas.groups.base import GenRequest, GroupSpec
+    from unimas.groups.openai import OpenAIModelGroup, OpenAIOptions
+
+    options = OpenAIOptions(endpoint=endpoint, api_model="listener-v1", api="chat")
+    group = OpenAIModelGroup.build(GroupSpec(name="judge", config=None, options=options, adapters=[], seed=0,
+                                             algorithm=None))
+    messages = [{"role": "system", "content": "decode"}, {"role": "user", "content": "L:3"}]
+    [result] = group.generate([GenRequest(prompt="decodeL:3", generation=GenerationConfig(), messages=messages)])
+    assert result.text == "d" and result.finished and FrozenListener.last_messages == messages

@@ -1,4 +1,4 @@
-"""A frozen model group served by any OpenAI-compatible completions endpoint.
+"""A frozen model group served by any OpenAI-compatible endpoint (completions or chat completions).
 
 Use it for roles that act but never train (a judge, a user simulator, a
 strong reference model). It implements only generation; the validator keeps
@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import ClassVar, Optional
+from typing import ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,7 +28,9 @@ class OpenAIOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     endpoint: str = Field(..., min_length=1, description="base URL of an OpenAI-compatible server "
-                          "(`/v1/completions` is appended)")
+                          "(`/v1/completions` or `/v1/chat/completions` is appended)")
+    api: Literal["completions", "chat"] = Field("completions", description="completions: the role's prompt as one "
+                                                "text; chat: its messages, rendered by the server's chat template")
     api_model: str = Field("default", description="model name sent with each request")
     api_key_env: Optional[str] = Field(None, description="environment variable holding the API key (sent as a "
                                        "bearer token); the key itself never goes in the config")
@@ -45,7 +47,8 @@ class OpenAIModelGroup(ModelGroup):
     def __init__(self, name: str, settings: OpenAIOptions):
         self.name = name
         self.trainable = False
-        self.url = settings.endpoint.rstrip("/") + "/v1/completions"
+        self.chat = settings.api == "chat"
+        self.url = settings.endpoint.rstrip("/") + ("/v1/chat/completions" if self.chat else "/v1/completions")
         self.model = settings.api_model
         self.api_key = os.environ.get(settings.api_key_env, "") if settings.api_key_env else ""
         self.timeout_s = settings.timeout_s
@@ -62,8 +65,12 @@ class OpenAIModelGroup(ModelGroup):
 
     def _complete(self, request: GenRequest) -> GenResult:
         gen = request.generation
-        body = {"model": self.model, "prompt": request.prompt, "max_tokens": gen.max_new_tokens,
+        body = {"model": self.model, "max_tokens": gen.max_new_tokens,
                 "temperature": 0.0 if request.greedy else gen.temperature, "top_p": gen.top_p}
+        if self.chat:
+            body["messages"] = request.messages or [{"role": "user", "content": request.prompt}]
+        else:
+            body["prompt"] = request.prompt
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
@@ -79,8 +86,8 @@ class OpenAIModelGroup(ModelGroup):
                 time.sleep(0.1 * 2**attempt)
         choice = payload["choices"][0]
         finished = choice.get("finish_reason") == "stop"
-        return GenResult(text=str(choice.get("text", "")), prompt_ids=[], response_ids=[], logprobs=[],
-                         finished=finished)
+        text = (choice.get("message") or {}).get("content", "") if self.chat else choice.get("text", "")
+        return GenResult(text=str(text or ""), prompt_ids=[], response_ids=[], logprobs=[], finished=finished)
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         with ThreadPoolExecutor(max_workers=min(self.max_parallel, max(1, len(requests)))) as pool:
