@@ -47,6 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="write report.html and plots for a run directory")
     report.add_argument("run_dir", type=Path)
 
+    sandbox = sub.add_parser("sandbox", help="run a Python file in the code sandbox and print the result as JSON",
+                             description="Run FILE in the bubblewrap sandbox that the run_python tool uses and "
+                                         "print one JSON object: status (ok, error, timeout, memory, refused), "
+                                         "exit_code, stdout, stderr, duration_s, notes. Exit code 0 when status "
+                                         "is ok, 1 otherwise, 2 when FILE cannot be read.")
+    sandbox.add_argument("file", type=Path, help="Python source to run (as main.py in a throwaway directory)")
+    sandbox.add_argument("--timeout", type=float, default=10.0, metavar="S", help="wall-clock limit (default 10)")
+    sandbox.add_argument("--memory-mb", type=int, default=512, metavar="M", help="memory limit (default 512)")
+    sandbox.add_argument("--stdin", type=Path, metavar="FILE", help="file whose text is the program's stdin")
+    sandbox.add_argument("--allow-fallback", action="store_true",
+                         help="without bubblewrap, run with rlimits only (no namespaces: weaker, see "
+                              "docs/workflows/sandbox.md) instead of refusing")
+
     return parser
 
 
@@ -72,6 +85,11 @@ def _fail(exc: BaseException, code: int, debug: bool) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "sandbox":  # a debugging command that needs neither torch nor the trainer
+        from unimas.sandbox_cli import cli_command
+
+        return cli_command(args)
+
     from unimas import commands  # loads torch and the trainer: `unimas --help` and parse errors need neither
 
     return getattr(commands, f"cmd_{args.command}")(args)

@@ -121,3 +121,4 @@ def cmd_report(args: argparse.Namespace) -> int:
     path = write_report(args.run_dir)
     print(f"report: {path}")
     return 0
+

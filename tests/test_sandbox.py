@@ -1,0 +1,186 @@
+"""The code sandbox: each attack of issue 13 item 4 is stopped and reported with the right status."""
+
+import asyncio
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from unimas import sandbox
+from unimas.errors import UserError
+from unimas.sandbox import SandboxLimits, run_python
+
+needs_bwrap = pytest.mark.skipif(not sandbox.available(), reason=f"sandbox unavailable: {sandbox.unavailable_reason()}")
+QUICK = SandboxLimits(timeout_s=5.0)
+
+
+def test_refused_when_unavailable(monkeypatch):
+    monkeypatch.setattr(sandbox, "available", lambda: False)
+    result = run_python("print(1)")
+    assert result.status == "refused" and result.exit_code is None and result.stdout == ""
+    assert "apt-get install bubblewrap" in result.stderr and "allow_fallback" in result.stderr
+    with pytest.raises(UserError, match="bubblewrap"):
+        sandbox.require_available(allow_fallback=False)
+    assert set(result.to_json()) >= {"status", "exit_code", "stdout", "stderr", "duration_s"}
+
+
+def test_oversized_input_and_bad_file_names_are_refused():
+    assert run_python("x = 1\n" * 300_000).status == "refused"
+    assert run_python("print(1)", files={"../escape.py": ""}).status == "refused"
+    assert run_python("print(1)", files={"/etc/passwd": ""}).status == "refused"
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="timeout_s"):
+        SandboxLimits(timeout_s=0)
+
+
+@needs_bwrap
+def test_correct_code_passes_with_stdin_and_files():
+    result = run_python("import helper\nprint(helper.twice(int(input())))", stdin="21\n", limits=QUICK,
+                        files={"helper.py": "def twice(x):\n    return 2 * x\n"})
+    assert (result.status, result.exit_code, result.stdout, result.stderr) == ("ok", 0, "42\n", "")
+    assert 0 < result.duration_s < 5 and result.notes == []
+
+
+@needs_bwrap
+def test_exception_is_an_error():
+    result = run_python("raise ValueError('boom')", limits=QUICK)
+    assert result.status == "error" and result.exit_code == 1 and "ValueError: boom" in result.stderr
+
+
+@needs_bwrap
+def test_infinite_loop_times_out():
+    result = run_python("while True:\n    pass", limits=SandboxLimits(timeout_s=1.0))
+    assert result.status == "timeout" and result.exit_code is None
+    assert 1.0 <= result.duration_s < 3.0
+
+
+@needs_bwrap
+def test_cpu_limit_stops_a_busy_loop_before_the_wall_clock():
+    result = run_python("while True:\n    pass", limits=SandboxLimits(timeout_s=10.0, cpu_s=1))
+    assert result.status == "timeout" and result.duration_s < 5.0
+    assert any("CPU limit" in note for note in result.notes)
+
+
+@needs_bwrap
+def test_memory_bomb_is_reported_as_memory():
+    result = run_python("block = bytearray(4 << 30)\nprint('allocated')", limits=QUICK)
+    assert result.status == "memory" and "allocated" not in result.stdout and "MemoryError" in result.stderr
+
+
+def _processes_running(marker: str) -> int:
+    found = 0
+    for entry in os.listdir("/proc"):
+        try:
+            found += entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            pass
+    return found
+
+
+@needs_bwrap
+def test_fork_bomb_is_stopped_and_leaves_no_processes():
+    marker = f"bomb_{uuid.uuid4().hex}"
+    # Children that fail to fork sleep instead of exiting, so only the kill of the whole sandbox ends them;
+    # main.py execs the bomb under a unique file name so that its processes can be counted from here.
+    bomb = "import os, time\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        time.sleep(60)\n"
+    main = f"import os, sys\nos.execv(sys.executable, [sys.executable, '-B', '{marker}.py'])\n"
+    result = run_python(main, files={f"{marker}.py": bomb}, limits=SandboxLimits(timeout_s=2.0, max_processes=32))
+    assert result.status == "timeout" and result.duration_s < 5.0
+    assert _processes_running(marker) == 0
+    plain = run_python("import os\nwhile True:\n    os.fork()", limits=SandboxLimits(timeout_s=5.0))
+    assert plain.status == "error" and "Resource temporarily unavailable" in plain.stderr
+
+
+@needs_bwrap
+def test_no_network_even_to_loopback():
+    code = ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', 80), timeout=2)\n"
+            "except OSError as exc:\n    raise SystemExit(f'network: {exc}')\n")
+    result = run_python(code, limits=QUICK)
+    assert result.status == "error" and "network:" in result.stderr
+    assert "refused" in result.stderr or "unreachable" in result.stderr
+    interfaces = run_python("import socket\nprint(sorted(n for _, n in socket.if_nameindex()))", limits=QUICK)
+    assert interfaces.stdout.strip() == "['lo']"  # a fresh network namespace: no route anywhere
+
+
+@needs_bwrap
+@pytest.mark.parametrize("target", ["/etc/unimas-sandbox-test", str(Path.cwd() / "unimas-sandbox-test"),
+                                    str(Path.home() / "unimas-sandbox-test")])
+def test_writes_outside_the_working_directory_fail(target):
+    result = run_python(f"open({target!r}, 'w').write('x')\n", limits=QUICK)
+    assert result.status == "error"
+    assert "Read-only file system" in result.stderr or "Permission denied" in result.stderr
+    assert not Path(target).exists()
+
+
+@needs_bwrap
+def test_working_directory_is_writable_and_thrown_away():
+    code = "open('out.txt', 'w').write('data')\nimport os\nprint(os.getcwd(), sorted(os.listdir('.')))"
+    result = run_python(code, limits=QUICK)
+    assert result.status == "ok" and result.stdout.strip() == f"{sandbox.WORKDIR} ['main.py', 'out.txt']"
+
+
+@needs_bwrap
+def test_environment_secrets_do_not_leak(monkeypatch):
+    monkeypatch.setenv("UNIMAS_TEST_SECRET", "s3cret")
+    result = run_python("import os\nprint(os.environ.get('UNIMAS_TEST_SECRET'))\nprint(dict(os.environ))",
+                        limits=QUICK)
+    assert result.status == "ok" and result.stdout.splitlines()[0] == "None"
+    assert "s3cret" not in result.stdout
+
+
+@needs_bwrap
+def test_huge_output_is_truncated_with_a_note():
+    limits = SandboxLimits(timeout_s=5.0, max_output_bytes=4096)
+    result = run_python("import sys\nsys.stdout.write('x' * 10_000_000)\nsys.stderr.write('e' * 10_000)",
+                        limits=limits)
+    assert result.status == "ok"
+    kept, note = result.stdout.split("\n[", 1)
+    assert kept == "x" * 4096 and note.startswith("unimas sandbox: stdout truncated")
+    assert "truncated" in result.stdout and "truncated" in result.stderr
+    assert any("stdout truncated to 4096 of 10000000 bytes" in note for note in result.notes)
+
+
+@needs_bwrap
+def test_file_size_limit():
+    result = run_python("open('big.bin', 'wb').write(b'0' * (100 << 20))", limits=QUICK)
+    assert result.status == "error" and "File too large" in result.stderr
+
+
+@needs_bwrap
+def test_tool_plugin_returns_json():
+    from unimas_plugins.sandbox import run_python_tool, unimas_tools
+
+    assert unimas_tools()["run_python"] is run_python_tool
+    result = asyncio.run(run_python_tool(code="print(input() * 2)", stdin="ab", timeout_s=5))
+    assert json.loads(json.dumps(result))["stdout"] == "abab\n" and result["status"] == "ok"
+
+
+@needs_bwrap
+def test_cli_prints_one_json_object(tmp_path, capsys):
+    from unimas.cli import main
+
+    program = tmp_path / "prog.py"
+    program.write_text("print(input().upper())\n")
+    (tmp_path / "in.txt").write_text("hello\n")
+    assert main(["sandbox", str(program), "--stdin", str(tmp_path / "in.txt"), "--timeout", "5"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert set(data) >= {"status", "exit_code", "stdout", "stderr", "duration_s"}
+    assert (data["status"], data["stdout"]) == ("ok", "HELLO\n")
+
+
+def test_cli_exit_codes(tmp_path, capsys):
+    from unimas.cli import main
+
+    assert main(["sandbox", str(tmp_path / "missing.py")]) == 2
+    assert "missing.py" in capsys.readouterr().err
+    if sandbox.available():
+        (tmp_path / "fail.py").write_text("raise SystemExit(3)\n")
+        assert main(["sandbox", str(tmp_path / "fail.py"), "--timeout", "5"]) == 1
+        data = json.loads(capsys.readouterr().out)
+        assert (data["status"], data["exit_code"]) == ("error", 3)
