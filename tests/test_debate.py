@@ -3,8 +3,6 @@
 import importlib.metadata
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import tomllib
@@ -18,6 +16,7 @@ from unimas_workflows.debate import (
 )
 
 from tests.conftest import EXAMPLES, REPO
+from tests.loopback import completions_server
 from unimas.cli import main
 from unimas.trajectory import GraphTrajectory, TurnNode, read_jsonl
 
@@ -93,35 +92,22 @@ def test_rewards_follow_the_verdict():
 
 # -- the example configs, 2 training steps each -------------------------------------------------------------
 
-class Judge(BaseHTTPRequestHandler):
+class Judge:
     """Stand-in for a served judge (a test fixture): a fixed verdict derived from the prompt's length."""
 
     prompts: list[str] = []
 
-    def do_POST(self):  # noqa: N802 - http.server naming
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert self.path == "/v1/completions" and body["model"] == "judge"
-        Judge.prompts.append(body["prompt"])
-        text = f"<verdict>{'AB'[len(body['prompt']) % 2]}</verdict>"
-        payload = json.dumps({"choices": [{"text": text, "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
+    @classmethod
+    def answer(cls, path, body):
+        assert path == "/v1/completions" and body["model"] == "judge"
+        cls.prompts.append(body["prompt"])
+        return {"text": f"<verdict>{'AB'[len(body['prompt']) % 2]}</verdict>", "finish_reason": "stop"}
 
 
 @pytest.fixture
 def judge_endpoint():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with completions_server(Judge.answer) as url:
+        yield url
 
 
 TORCH_GROUPS = {

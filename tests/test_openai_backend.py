@@ -1,55 +1,38 @@
 """A frozen role behind an OpenAI-compatible endpoint, trained against by a torch role."""
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 
 from tests.conftest import EXAMPLES
+from tests.loopback import completions_server
 from unimas.cli import main
 
 CODE = dict(zip("01234567", "abcdefgh"))  # the frozen listener's fixed code: digit -> letter
 
 
-class FrozenListener(BaseHTTPRequestHandler):
+class FrozenListener:
     """Stand-in for a served model (a test fixture): answers 'L:<digit>' with a fixed letter."""
 
     requests_seen = 0
+    last_messages: list = []
 
-    def do_POST(self):  # noqa: N802 - http.server naming
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert self.path in ("/v1/completions", "/v1/chat/completions") and body["model"] == "listener-v1"
-        FrozenListener.requests_seen += 1
-        if self.path == "/v1/chat/completions":
-            FrozenListener.last_messages = body["messages"]
+    @classmethod
+    def answer(cls, path, body):
+        assert path in ("/v1/completions", "/v1/chat/completions") and body["model"] == "listener-v1"
+        cls.requests_seen += 1
+        if path == "/v1/chat/completions":
+            cls.last_messages = body["messages"]
             text = CODE.get(body["messages"][-1]["content"][-1:], "?")
-            choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-        else:
-            choice = {"text": CODE.get(body["prompt"][-1:], "?"), "finish_reason": "stop"}
-        payload = json.dumps({"choices": [choice]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
-
-
-class Server(ThreadingHTTPServer):
-    request_queue_size = 128
+            return {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        return {"text": CODE.get(body["prompt"][-1:], "?"), "finish_reason": "stop"}
 
 
 @pytest.fixture
 def endpoint():
-    server = Server(("127.0.0.1", 0), FrozenListener)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with completions_server(FrozenListener.answer) as url:
+        yield url
 
 
 def config_with_api_listener(tmp_path, endpoint):
