@@ -90,6 +90,16 @@ class GroupAlgorithmConfig(Strict):
     mini_batch_size: Optional[int] = Field(None, ge=0, description="turns per optimiser step for this group")
 
 
+class SnapshotConfig(Strict):
+    """Self-play against earlier selves: this frozen group plays snapshots of a trainable group."""
+
+    of: str = Field(..., description="the trainable model group whose weights are snapshotted")
+    every: int = Field(10, ge=1, description="take a snapshot of `of` and refresh this group every this many steps")
+    pool: int = Field(4, ge=1, description="how many of the newest snapshots the opponent is drawn from")
+    pick: Literal["uniform", "latest"] = Field("uniform", description="which pooled snapshot is played after a "
+                                               "refresh: drawn uniformly (seeded), or always the newest")
+
+
 class ModelGroupConfig(Strict):
     """One set of weights. Several roles may map to it."""
 
@@ -103,6 +113,8 @@ class ModelGroupConfig(Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Ray reservation and device")
     algorithm: GroupAlgorithmConfig = Field(default_factory=GroupAlgorithmConfig,
                                             description="overrides of `algorithm` update settings for this group")
+    snapshot: Optional[SnapshotConfig] = Field(None, description="make this frozen group an opponent pool: it "
+                                               "plays snapshots of a trainable group (self-play)")
 
     @model_validator(mode="before")
     @classmethod

@@ -36,6 +36,7 @@ from unimas.metrics import (
     throughput_metrics,
 )
 from unimas.rundir import RunDir, mark_complete, read_trainer_state, write_trainer_state
+from unimas.snapshots import SnapshotPools
 from unimas.trajectory import GraphTrajectory, write_jsonl
 
 T = TypeVar("T")
@@ -55,6 +56,7 @@ class Trainer:
                                      tool_timeout_s=runtime.tool_timeout_s, episode_timeout_s=runtime.episode_timeout_s,
                                      parsers=experiment.parsers)
         self.credit = CreditAssigner(self.config, experiment.rewards, experiment.estimator)
+        self.snapshots = SnapshotPools(self.config, transport, run_dir)
         self.train_tasks = experiment.tasks("train")
         self.eval_tasks = experiment.tasks("eval")[: self.config.trainer.eval_size]
         self.start_step = 0
@@ -218,9 +220,11 @@ class Trainer:
                 record = {"step": 0, **(await self._guarded("step 0 (evaluation)",
                                                             lambda: self.evaluate(0, strict=True)))}
                 writer.write(record); history.append(record); self.log(record)
+            await self._guarded("snapshots", lambda: self.snapshots.start(self.start_step))
             for step in range(self.start_step, trainer.steps):
                 record = await self._guarded(f"step {step + 1}", lambda: self.train_step(step))
                 done = step + 1
+                record.update(await self._guarded(f"step {done} (snapshots)", lambda: self.snapshots.after_step(done)))
                 last = done == trainer.steps
                 if last or (trainer.eval_every and done % trainer.eval_every == 0):
                     record.update(await self._guarded(f"step {done} (evaluation)", lambda: self.evaluate(done)))
@@ -228,6 +232,7 @@ class Trainer:
                 reached = stop is not None and stop.reached(record)
                 if last or reached or (trainer.save_every and done % trainer.save_every == 0):
                     await self._guarded(f"step {done} (checkpoint)", lambda: self.save(done))
+                    self.snapshots.checkpointed(done)
                 if reached:
                     break
         finally:

@@ -44,6 +44,8 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
         if group.trainable and loss not in losses:
             where = f"models.{name}.algorithm.loss" if group.algorithm.loss else "algorithm.loss"
             add(where, f"unknown policy loss '{loss}'; known: {', '.join(sorted(losses))}{registry.broken_hint()}")
+        if group.snapshot is not None:
+            problems.extend(_snapshot_problems(config, name))
 
     options = _group_options(config, registry)
     for name, role in config.roles.items():
@@ -113,6 +115,31 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             f"{usable} or a plugin estimator")
     elif estimator.group_normalised and algo.group_size < 2:
         add("algorithm.group_size", f"'{algo.estimator}' normalises within groups; group_size must be >= 2")
+    return problems
+
+
+def _snapshot_problems(config: ExperimentConfig, name: str) -> list[tuple[str, str]]:
+    """A snapshot group is a frozen torch copy of a trainable torch group with the same model settings."""
+    group = config.models[name]
+    where = f"models.{name}.snapshot.of"
+    source = config.models.get(group.snapshot.of)
+    if source is None:
+        return [(where, f"model group '{group.snapshot.of}' is not declared under 'models' "
+                 f"(declared: {', '.join(config.models)})")]
+    problems = []
+    if group.trainable:
+        problems.append((f"models.{name}.trainable", "a snapshot group only plays earlier weights of "
+                         f"'{group.snapshot.of}'; set trainable: false"))
+    if not source.trainable or source.snapshot is not None:
+        problems.append((where, f"'{group.snapshot.of}' must be a trainable group (snapshots of it are played)"))
+    if group.backend != "torch" or source.backend != "torch":
+        problems.append((f"models.{name}.backend", "snapshot pools need the torch backend on both groups"))
+    if group.options != source.options:
+        problems.append((f"models.{name}.options", f"a snapshot group must load the same model as "
+                         f"'{group.snapshot.of}': copy its options"))
+    if group.lora is not None or source.lora is not None:
+        problems.append((f"models.{name}.lora", "snapshot pools of LoRA groups are not supported: snapshot a "
+                         "group that trains its full weights"))
     return problems
 
 

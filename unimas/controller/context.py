@@ -91,6 +91,7 @@ class EpisodeContext:
             prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
             logprobs_exact=result.logprobs_exact, continued=result.continued, truncated=result.truncated,
             finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
+            weight_version=result.weight_version,
         )
         self.trajectory.add_node(node, self._consumed([*after, *seen], variables))
         if node.truncated and spec.truncation == "error":

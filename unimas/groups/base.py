@@ -75,6 +75,9 @@ class GenResult:
     """The prompt ids extend the continuation's prompt + response ids exactly."""
     truncated: bool = False
     """The prompt was cut to fit the model's context (``roles.<role>.truncation: left``)."""
+    weight_version: Optional[int] = None
+    """How many updates the group had made when it sampled this (its weight version); None: the backend does
+    not count. The trainer bounds and reports staleness with it (``algorithm.max_staleness``)."""
 
 
 @dataclass
@@ -93,6 +96,10 @@ class TrainTurn:
     rollout_logprobs_exact: bool = False
     temperature: float = 1.0
     adapter: Optional[str] = None
+    weight_version: Optional[int] = None
+    """The group's weight version that sampled the turn; older than the group's own (asynchronous pipeline):
+    the update recomputes the old log-probs with its current weights and reweights each token by the truncated
+    ratio current/behaviour (``algorithm.importance_cap``). None: treated as sampled by the current weights."""
 
 
 class NoOptions(BaseModel):

@@ -1,7 +1,14 @@
-"""The in-process transport: model groups are plain objects in this process."""
+"""The in-process transport: model groups are plain objects in this process.
+
+Synchronous runs call the groups inline on the event loop (no thread hand-off per call). With
+``algorithm.max_staleness > 0`` for some group (the asynchronous pipeline) generate and update run in
+worker threads, so one step's generation overlaps the previous step's update: torch releases the GIL
+in its kernels, and each group's locks keep its own calls consistent.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from unimas.config import ExperimentConfig
@@ -16,6 +23,7 @@ class LocalTransport:
         self.groups = groups
         self.config = config
         self.registry = registry
+        self.threaded = any(config.algorithm_for(g).max_staleness > 0 for g in config.models)
 
     @classmethod
     def start(cls, config: ExperimentConfig, registry: Registry) -> "LocalTransport":
@@ -37,11 +45,16 @@ class LocalTransport:
         except Exception as exc:  # noqa: BLE001 - any failure inside a group is that group's failure
             raise ModelGroupError(group, phase, exc) from exc
 
+    async def _run(self, group: str, phase: str, *args):
+        if self.threaded:
+            return await asyncio.to_thread(self._call, group, phase, *args)
+        return self._call(group, phase, *args)
+
     async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
-        return self._call(group, "generate", requests)
+        return await self._run(group, "generate", requests)
 
     async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
-        return self._call(group, "update", turns)
+        return await self._run(group, "update", turns)
 
     async def save(self, group: str, directory: Path) -> None:
         self._call(group, "save", directory)

@@ -224,8 +224,11 @@ class RayTransport:
 
         def spawn(name: str):
             res = config.models[name].resources
+            # a group with a rollout copy (max_staleness > 0) generates while it updates: two calls at once;
+            # its own locks order them
+            overlap = config.algorithm_for(name).max_staleness > 0
             options: dict[str, Any] = {"num_cpus": res.cpus, "num_gpus": res.gpus, "max_restarts": 0,
-                                       "max_concurrency": 1}
+                                       "max_concurrency": 2 if overlap else 1}
             if res.memory_gb:
                 options["memory"] = int(res.memory_gb * 2**30)
             return RemoteModelGroup.options(**options).remote(tree, name, driver_path)

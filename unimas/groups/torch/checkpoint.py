@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
@@ -115,8 +116,17 @@ def load_group(group: "TorchModelGroup", directory: Path) -> None:
             with reading(directory / SCHEDULER_FILE):
                 group.scheduler.load_state_dict(load_tensors(directory / SCHEDULER_FILE, "cpu"))
         apply_optim_config(group)
-    with reading(directory / RNG_FILE):
-        group.generator.set_state(load_tensors(directory / RNG_FILE, "cpu")["generator"])
+    if (directory / RNG_FILE).exists():  # absent in a weights-only snapshot: the group keeps its own stream
+        with reading(directory / RNG_FILE):
+            group.generator.set_state(load_tensors(directory / RNG_FILE, "cpu")["generator"])
+
+
+def keep_weights_only(directory: Path) -> None:
+    """Reduce a saved group to its weights (model and adapters), as a frozen snapshot of it needs."""
+    directory = Path(directory)
+    for name in (OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE):
+        (directory / name).unlink(missing_ok=True)
+    shutil.rmtree(directory / REFERENCE_DIR, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,14 @@ and the update loop (``training``), optimiser and learning-rate schedule
 (``optimizer``), checkpoints (``checkpoint``), settings (``options``),
 where weights and tokenizer come from (``source``).
 
+Weight versions. ``weight_version`` counts this group's updates; every
+result says which version sampled it. With ``algorithm.max_staleness > 0``
+(the asynchronous pipeline) the group samples from a *rollout copy* of its
+weights under its own lock, so generation for the next step runs while the
+trainable weights update; the copy is refreshed (and the version advanced)
+at the end of each update. With ``max_staleness: 0`` there is no copy:
+generate and update share one lock, as in the synchronous loop.
+
 Randomness. Sampling and mini-batch shuffling draw from one
 ``torch.Generator`` owned by the group and saved with it, so a run resumed
 from a checkpoint continues bit-identically. (LoRA dropout, if configured,
@@ -72,6 +80,11 @@ class TorchModelGroup(ModelGroup):
         self.scheduler: Optional[torch.optim.lr_scheduler.LambdaLR] = None
         self._reference: Optional[torch.nn.Module] = None
         self._lock = threading.RLock()
+        self.weight_version = 0
+        self._rollout_model: Optional[torch.nn.Module] = None
+        self._rollout_lock = threading.RLock()
+        if spec.algorithm.max_staleness > 0:
+            self._rollout_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         eos = model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_ids = sorted({tokenizer.eos_token_id, *eos} - {None})
@@ -262,17 +275,29 @@ class TorchModelGroup(ModelGroup):
             sampling_key = () if greedy else (gen.temperature, gen.top_k, gen.top_p)
             buckets[(req.adapter, gen.max_new_tokens, greedy, sampling_key)].append(i)
         results: list[Optional[GenResult]] = [None] * len(requests)
-        with self._lock, torch.inference_mode():
-            self.model.eval()
+        model = self._rollout_model if self._rollout_model is not None else self.model
+        with (self._rollout_lock if self._rollout_model is not None else self._lock), torch.inference_mode():
+            model.eval()
             for (adapter, _, greedy, _), rows in buckets.items():
                 first = requests[rows[0]]
-                outs = self._generate_batch([requests[i] for i in rows], first.generation, greedy, adapter)
+                outs = self._generate_batch(model, [requests[i] for i in rows], first.generation, greedy, adapter)
                 for i, out in zip(rows, outs):
+                    out.weight_version = self.weight_version
                     results[i] = out
         return results
 
-    def _generate_batch(self, requests: list[GenRequest], gen: GenerationConfig, greedy: bool,
-                        adapter: Optional[str]) -> list[GenResult]:
+    def _refresh_rollout_copy(self, advance: bool = False) -> None:
+        """Copy the trainable weights into the rollout copy (between two generate batches); ``advance``: count
+        one update. Without a copy, generation already sees the live weights."""
+        with self._rollout_lock:
+            if self._rollout_model is not None:
+                with torch.no_grad():
+                    for target, source in zip(self._rollout_model.parameters(), self.model.parameters()):
+                        target.copy_(source)
+            self.weight_version += int(advance)
+
+    def _generate_batch(self, model: torch.nn.Module, requests: list[GenRequest], gen: GenerationConfig,
+                        greedy: bool, adapter: Optional[str]) -> list[GenResult]:
         """Sample the requests whose prompts fit; a prompt too long and not allowed to be cut gets no response."""
         prompts = self.render_prompts(requests, gen.max_new_tokens)
         run = [i for i, (p, r) in enumerate(zip(prompts, requests)) if r.allow_truncation or not p.truncated]
@@ -280,9 +305,9 @@ class TorchModelGroup(ModelGroup):
                              prompt_text=p.text, truncated=True) for p in prompts]
         if run:
             batch = layout_batch([prompts[i].ids for i in run], [[]] * len(run), self.pad_id, self.device)
-            with self.route(self.model, adapter):
+            with self.route(model, adapter):
                 token_rows, logprob_rows = sampling.sample_tokens(
-                    self.model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                    model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
                     logit_bias=self.logit_bias, generator=self.generator)
             sampled = sampling.to_results(self.tokenizer, [prompts[i].ids for i in run], token_rows, logprob_rows,
                                           self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy))
@@ -315,6 +340,8 @@ class TorchModelGroup(ModelGroup):
             metrics = training.ppo_update(self, turns, opt) if turns else dict.fromkeys(training.UPDATE_METRICS, 0.0)
             metrics["lr"] = lr
             optimizer.advance(self.scheduler)
+            self._refresh_rollout_copy(advance=True)
+            metrics["weight_version"] = float(self.weight_version)
             return metrics
 
     def train_supervised(self, examples: list[SupervisedExample]) -> float:
@@ -327,7 +354,9 @@ class TorchModelGroup(ModelGroup):
             raise ValueError("train_supervised needs at least one example")
         with self._lock:
             opt = self.optimizer_for_update()
-            return training.supervised_step(self, training.supervised_turns(self, examples), opt)
+            loss = training.supervised_step(self, training.supervised_turns(self, examples), opt)
+            self._refresh_rollout_copy()
+            return loss
 
     def num_parameters(self) -> dict[str, int]:
         """Total and trainable parameter counts (``benchmarks/sharing.py`` reports them)."""
@@ -345,6 +374,7 @@ class TorchModelGroup(ModelGroup):
         """Restore what :meth:`save` wrote, in place (resume bit-identically)."""
         with self._lock:
             checkpoint.load_group(self, Path(directory))
+            self._refresh_rollout_copy()
 
 
 def _check_target_modules(model: torch.nn.Module, lora: LoraConfig, group: str) -> None:

@@ -46,7 +46,7 @@ ROLLOUT_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
 noise is ~1e-6; in half precision the cached decoding and the full forward round differently (~1e-2)."""
 
 UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
-                  "rollout_logprob_diff", "lr", "tokens", "update_time_s")
+                  "rollout_logprob_diff", "lr", "tokens", "update_time_s", "stale_turns", "importance_weight")
 
 
 def compute_logprobs(
@@ -106,16 +106,24 @@ def compute_reference_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTu
     return reference.clone()
 
 
+def is_stale(group: "TorchModelGroup", turn: TrainTurn) -> bool:
+    """Sampled by older weights than the group's current ones (the asynchronous pipeline)."""
+    return turn.weight_version is not None and turn.weight_version < group.weight_version
+
+
 def old_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTurn], chunk: int) -> list[list[float]]:
     """The "old policy" log-probs of each turn: as reported at sampling when exact, else recomputed now.
 
-    Recomputation (for turns sampled with top-k / top-p, or whose log-probs do
-    not match their tokens) happens once, before the first epoch, with the
-    current weights in eval mode, ``chunk`` turns per forward.
+    Recomputation (for turns sampled with top-k / top-p, whose log-probs do
+    not match their tokens, or sampled by older weights) happens once, before
+    the first epoch, with the current weights in eval mode, ``chunk`` turns
+    per forward. For a stale turn this is the *proximal* policy of decoupled
+    PPO: the clip acts around the current weights, and
+    :func:`importance_weights` corrects for the older behaviour policy.
     """
     rows: list[Optional[list[float]]] = [
         list(t.rollout_logprobs) if t.rollout_logprobs_exact and len(t.rollout_logprobs) == len(t.response_ids)
-        else None
+        and not is_stale(group, t) else None
         for t in turns
     ]
     stale = [i for i, row in enumerate(rows) if row is None]
@@ -126,6 +134,26 @@ def old_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTurn], chunk: in
         for i, turn, values in zip(stale[begin: begin + chunk], part, logp.tolist()):
             rows[i] = values[: len(turn.response_ids)]
     return rows  # type: ignore[return-value]
+
+
+def importance_weights(group: "TorchModelGroup", turns: Sequence[TrainTurn],
+                       old: list[list[float]]) -> Optional[list[list[float]]]:
+    """Per token of each stale turn: min(proximal / behaviour probability, ``algorithm.importance_cap``).
+
+    The behaviour log-probs are the ones recorded at sampling; 1 for fresh
+    turns. None when no turn is stale (the synchronous loop: nothing changes).
+    """
+    if not any(is_stale(group, t) for t in turns):
+        return None
+    cap = group.spec.algorithm.importance_cap
+    weights = []
+    for turn, proximal in zip(turns, old):
+        if not (is_stale(group, turn) and len(turn.rollout_logprobs) == len(turn.response_ids)):
+            weights.append([1.0] * len(turn.response_ids))
+            continue
+        ratio = (torch.tensor(proximal) - torch.tensor(turn.rollout_logprobs, dtype=torch.float32)).exp()
+        weights.append(ratio.clamp(max=cap).tolist())
+    return weights
 
 
 def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torch.optim.Optimizer) -> dict[str, float]:
@@ -139,6 +167,7 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
     start = time.perf_counter()
     size = algorithm.mini_batch_size or len(turns)
     old = old_logprobs(group, turns, size)
+    weights = importance_weights(group, turns, old)
     sums: dict[str, float] = defaultdict(float)
     steps = 0
     mismatch = 0.0
@@ -151,7 +180,8 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
             for begin in range(0, len(turns), size):
                 rows = order[begin: begin + size]
                 batch = [turns[i] for i in rows]
-                step = ppo_step(group, batch, [old[i] for i in rows], algorithm, optimizer, check_rollout=steps == 0)
+                step = ppo_step(group, batch, [old[i] for i in rows], algorithm, optimizer, check_rollout=steps == 0,
+                                weights=None if weights is None else [weights[i] for i in rows])
                 mismatch = max(mismatch, step.pop("rollout_logprob_diff", 0.0))
                 for key, value in step.items():
                     sums[key] += value
@@ -166,6 +196,9 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
                     "(tolerance %.0e): the trained ids or the sampling distribution differ from what was sampled",
                     group.name, mismatch, tolerance)
     metrics["tokens"] = float(sum(len(t.response_ids) for t in turns))
+    stale = [w for t, w in zip(turns, weights or []) if is_stale(group, t)]
+    metrics["stale_turns"] = float(len(stale))
+    metrics["importance_weight"] = float(sum(map(sum, stale)) / sum(map(len, stale))) if stale else 1.0
     metrics["update_time_s"] = time.perf_counter() - start
     return metrics
 
@@ -177,6 +210,7 @@ def ppo_step(
     algorithm: AlgorithmConfig,
     optimizer: torch.optim.Optimizer,
     check_rollout: bool = False,
+    weights: Optional[list[list[float]]] = None,
 ) -> dict[str, float]:
     """One optimiser step on one mini-batch.
 
@@ -194,6 +228,8 @@ def ppo_step(
         exact = torch.tensor([t.rollout_logprobs_exact for t in turns], device=group.device)[:, None] * mask
         diff["rollout_logprob_diff"] = float(((logp.detach() - old_logp).abs() * exact).max()) if exact.any() else 0.0
     advantages = torch.tensor([float(t.advantage) for t in turns], device=group.device)[:, None] * mask
+    if weights is not None:  # stale turns: truncated importance ratio proximal / behaviour, per token
+        advantages = advantages * pad_rows(weights, mask.shape[1], group.device)
     reference = group.reference_logprobs(turns) if algorithm.kl_coef > 0 else None
     loss, metrics = algorithms.compose_loss(group.spec.policy_loss, algorithm, log_prob=logp, old_log_prob=old_logp,
                                             advantages=advantages, response_mask=mask, entropy=entropy,

@@ -1,0 +1,142 @@
+"""The asynchronous pipeline: episodes for the next steps are generated while model groups update on this one.
+
+Depth. ``depth`` = the largest ``algorithm.max_staleness`` of a trainable
+group. The rollout of step ``k`` may start once the update of step
+``k - 1 - depth`` is done, so while groups update on step ``k`` the rollouts
+of steps ``k+1 .. k+depth`` run with the weights the groups have. Depth 0 is
+the synchronous loop itself (collect, then update), call for call.
+
+Versions and staleness. Each group counts its updates (its weight version)
+and stamps every result with the version that sampled it.
+:class:`WeightVersions` is the trainer's count of the same updates; a turn's
+staleness is that count minus the turn's version when the turn is trained.
+A group's own ``max_staleness`` may be lower than the pipeline's depth: its
+turns past the bound are dropped, or trained re-weighted
+(``algorithm.stale_turns``). Turns within the bound train with the truncated
+importance ratio against their recorded log-probs (see
+``unimas/groups/torch/training.py``).
+
+Checkpoints. Saving step ``N`` first lets every rollout in flight finish;
+the finished rollouts not yet trained (steps ``N+1 .. N+depth``) are written
+into the checkpoint (:data:`PENDING`, one trajectory per line) and trained,
+not regenerated, after a resume: no step is lost and no turn trained twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from unimas.config import ExperimentConfig
+from unimas.credit import CreditedTurn
+from unimas.trajectory import GraphTrajectory
+
+PENDING = "pending_rollouts.jsonl"
+"""Rollouts generated ahead of a checkpoint's step, saved with it."""
+
+
+def pipeline_depth(config: ExperimentConfig) -> int:
+    """How many steps rollouts run ahead of updates: the largest ``max_staleness`` of a trainable group."""
+    return max((config.algorithm_for(g).max_staleness for g, m in config.models.items() if m.trainable), default=0)
+
+
+class RolloutPipeline:
+    """Rollouts of steps started ahead, by step; ``take(step)`` hands a step's trajectories over once."""
+
+    def __init__(self, collect: Callable[[int], Awaitable[list[GraphTrajectory]]], depth: int, steps: int):
+        self.collect = collect
+        self.depth = depth
+        self.steps = steps
+        self.running: dict[int, asyncio.Task] = {}
+        self.ready: dict[int, list[GraphTrajectory]] = {}
+
+    async def take(self, step: int) -> list[GraphTrajectory]:
+        """Start the rollouts of ``step .. step + depth`` not started yet; the trajectories of ``step``."""
+        if self.depth == 0 and step not in self.ready:
+            return await self.collect(step)
+        for ahead in range(step, min(step + self.depth, self.steps - 1) + 1):
+            if ahead not in self.running and ahead not in self.ready:
+                self.running[ahead] = asyncio.create_task(self.collect(ahead))
+        if step in self.ready:
+            return self.ready.pop(step)
+        return await self.running.pop(step)
+
+    async def drain(self) -> dict[int, list[GraphTrajectory]]:
+        """Let every rollout in flight finish; the finished, untrained ones by step."""
+        for step in sorted(self.running):
+            self.ready[step] = await self.running.pop(step)
+        return self.ready
+
+    async def close(self) -> None:
+        """Cancel what is still running (the run ended early or failed)."""
+        for task in self.running.values():
+            task.cancel()
+        await asyncio.gather(*self.running.values(), return_exceptions=True)
+        self.running.clear()
+
+    # -- persistence ------------------------------------------------------
+    async def save(self, directory: Path) -> None:
+        pending = await self.drain()
+        if not pending:
+            return
+        with open(directory / PENDING, "w") as handle:
+            for step in sorted(pending):
+                for trajectory in pending[step]:
+                    handle.write(json.dumps({"step": step, "episode": trajectory.to_dict()},
+                                            separators=(",", ":"), default=str) + "\n")
+
+    def load(self, directory: Path) -> None:
+        """The rollouts a checkpoint saved; none when it has no :data:`PENDING` (a synchronous run's)."""
+        self.ready = defaultdict(list)
+        path = directory / PENDING
+        if path.exists():
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                self.ready[int(record["step"])].append(GraphTrajectory.from_dict(record["episode"]))
+        self.ready = dict(self.ready)
+
+
+class WeightVersions:
+    """The trainer's count of each group's updates, and the staleness of turns measured against it."""
+
+    def __init__(self, config: ExperimentConfig, versions: dict[str, int] | None = None):
+        self.config = config
+        self.versions: dict[str, int] = defaultdict(int, versions or {})
+
+    def admit(self, credited: list[CreditedTurn]) -> tuple[list[CreditedTurn], dict[str, float]]:
+        """Write each turn's staleness; drop turns past their group's bound (``stale_turns: drop``).
+
+        Returns the turns to train and ``group/<g>/staleness_mean|max`` and ``stale_dropped``.
+        """
+        kept: list[CreditedTurn] = []
+        seen: dict[str, list[int]] = defaultdict(list)
+        dropped: dict[str, int] = defaultdict(int)
+        for c in credited:
+            group = self.config.roles[c.turn.role].model
+            version = c.turn.weight_version
+            staleness = 0 if version is None else self.versions[group] - version
+            c.turn.staleness = staleness
+            seen[group].append(staleness)
+            algorithm = self.config.algorithm_for(group)
+            if staleness > algorithm.max_staleness and algorithm.stale_turns == "drop":
+                dropped[group] += 1
+            else:
+                kept.append(c)
+        metrics = {}
+        for group, values in seen.items():
+            metrics[f"group/{group}/staleness_mean"] = sum(values) / len(values)
+            metrics[f"group/{group}/staleness_max"] = float(max(values))
+            metrics[f"group/{group}/stale_dropped"] = float(dropped[group])
+        return kept, metrics
+
+    def advance(self, trained: list[CreditedTurn], group_metrics: dict[str, float]) -> None:
+        """Each group that got turns made one update: its reported version, else one more."""
+        for group in {self.config.roles[c.turn.role].model for c in trained}:
+            reported = group_metrics.get(f"group/{group}/weight_version")
+            self.versions[group] = int(reported) if reported is not None else self.versions[group] + 1
+
+    def state(self) -> dict[str, int]:
+        return dict(self.versions)
