@@ -80,6 +80,8 @@ class CreditAssigner:
         self.estimator = estimator
         self.trainable_roles = {name for name, role in config.roles.items()
                                 if role.trainable and config.models[role.model].trainable}
+        self.shaper: Callable[[list[CreditedTurn]], list[float]] | None = None
+        """``algorithm.credit``'s per-turn signal (it may rewrite keys); set by :class:`unimas.rollout.Rollout`."""
 
     # -- 1. allocation ------------------------------------------------------
     def _score(self, trajectory: GraphTrajectory, spec: RewardConfig) -> Any:
@@ -161,13 +163,14 @@ class CreditAssigner:
         metrics = self.allocate(trajectories)
         turns = [CreditedTurn(t, turn, self.group_key(t, turn))
                  for t in trajectories if not t.failed
-                 for turn in t.turns() if turn.role in self.trainable_roles and turn.response_ids]
+                 for turn in t.turns() if turn.role in self.trainable_roles and turn.response_ids and not turn.replayed]
         metrics["credit/nonfinite_advantages"] = 0.0
         if not turns:
             return Credit([], metrics)
         # 3. estimation
         algorithm = self.config.algorithm
-        scores = torch.tensor([[c.turn.reward] for c in turns], dtype=torch.float32)
+        signal = self.shaper(turns) if self.shaper is not None else [c.turn.reward for c in turns]
+        scores = torch.tensor([[value] for value in signal], dtype=torch.float32)
         index = np.array([c.key for c in turns], dtype=object)
         advantages = self.estimator(scores, index, norm_by_std=algorithm.norm_by_std, gamma=algorithm.gamma)
         for credited, value in zip(turns, advantages[:, 0].tolist()):

@@ -21,11 +21,15 @@ named ``unimas_*`` that matches no hook below, or one that lacks
 ``@unimas.hookimpl``, is an error too. See ``docs/plugins.md`` for runnable
 examples of every hook.
 
-Stability: these eight hooks and their signatures are stable (see
-``docs/plugins.md``, "What is stable").
+Stability: the first eight hooks and their signatures are stable (see
+``docs/plugins.md``, "What is stable"). The four algorithm hooks at the end
+(rollout controls, replay buffers, update orders, credit shapers; see
+``docs/algorithms.md``) are new and may still change.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import pluggy
 
@@ -231,4 +235,113 @@ def unimas_backends() -> dict[str, Backend]:
         @unimas.hookimpl
         def unimas_backends():
             return {"echo": EchoGroup}
+    """
+
+
+# -- algorithm hooks: each returns {name: factory}; ``factory(**params)`` makes the object for one run ----------
+
+
+@hookspec
+def unimas_rollout_controls() -> dict[str, Callable[..., Any]]:
+    """Return rollout controls by name (``algorithm.rollout``).
+
+    ``factory(**params)`` returns an object with
+    ``async def rollout(session, specs) -> list[GraphTrajectory]`` (see
+    :mod:`unimas.rollout`): it turns a step's episode specs into trajectories,
+    and may fork recorded episodes at a turn (``await session.fork([(parent,
+    k, siblings)])``), score them early (``session.score``) and spend more or
+    fewer samples per task.
+
+    Example::
+
+        class BranchFirstTurn:
+            async def rollout(self, session, specs):
+                roots = await session.run(specs[::2])
+                return roots + await session.fork([(root, 1, 1) for root in roots])
+
+        @unimas.hookimpl
+        def unimas_rollout_controls():
+            return {"branch_first_turn": BranchFirstTurn}
+    """
+
+
+@hookspec
+def unimas_replay_buffers() -> dict[str, Callable[..., Any]]:
+    """Return replay buffers by name (``algorithm.replay``).
+
+    ``factory(**params)`` returns an object with ``observe(trajectories,
+    step)``, ``revisit(specs, step) -> specs`` and ``mix(fresh, session) ->
+    list[GraphTrajectory]`` (see :mod:`unimas.replay`); mixed-in episodes are
+    made with :func:`unimas.replay.replayed_copy`, which records each turn's
+    staleness.
+
+    Example::
+
+        class LastStep:
+            def __init__(self):
+                self.kept = []
+
+            def observe(self, trajectories, step):
+                self.kept = [(t, step) for t in trajectories if not t.failed]
+
+            def revisit(self, specs, step):
+                return specs
+
+            def mix(self, fresh, session):
+                return [unimas.replay.replayed_copy(t, born, session.step, f"{t.episode_id}/r")
+                        for t, born in self.kept[:2]]
+
+        @unimas.hookimpl
+        def unimas_replay_buffers():
+            return {"last_step": LastStep}
+    """
+
+
+@hookspec
+def unimas_update_orders() -> dict[str, Callable[..., Any]]:
+    """Return update orders by name (``algorithm.update_order``).
+
+    ``factory(**params)`` returns an object with ``stages(execution) ->
+    list[list[role]]`` (``execution``: roles in the order they first acted)
+    and ``adjust(role, turns, done) -> turns``, called before each stage with
+    the statistics of the roles already updated (see :mod:`unimas.update_order`).
+
+    Example::
+
+        class FirstActorLast:
+            def stages(self, execution):
+                return [[role] for role in reversed(execution)]
+
+            def adjust(self, role, turns, done):
+                return turns
+
+        @unimas.hookimpl
+        def unimas_update_orders():
+            return {"first_actor_last": FirstActorLast}
+    """
+
+
+@hookspec
+def unimas_credit_shapers() -> dict[str, Callable[..., Any]]:
+    """Return credit shapers by name (``algorithm.credit``).
+
+    ``factory(**params)`` returns ``shape(turns) -> list[float]``: given a
+    step's trainable :class:`unimas.credit.CreditedTurn` list (turn, its
+    trajectory, its group ``key``), it returns the per-turn signal the
+    estimator receives instead of the summed reward, and may rewrite each
+    turn's ``key`` to change what is normalised together. Methods that
+    compute whole advantages pair with ``algorithm.estimator: passthrough``.
+
+    Example::
+
+        def by_history(**params):
+            def shape(turns):
+                for c in turns:
+                    c.key = f"{c.trajectory.task_id}|{c.turn.role}|{len(c.turn.prompt_ids)}"
+                return [c.turn.reward for c in turns]
+            return shape
+
+        @unimas.hookimpl
+        def unimas_credit_shapers():
+            return {"by_history": by_history}
     """

@@ -27,7 +27,8 @@ import pluggy
 from unimas import hookspecs
 from unimas.errors import UserError, describe
 
-KINDS = ("workflows", "rewards", "tools", "datasets", "parsers", "estimators", "policy_losses", "backends")
+KINDS = ("workflows", "rewards", "tools", "datasets", "parsers", "estimators", "policy_losses", "backends",
+         "rollout_controls", "replay_buffers", "update_orders", "credit_shapers")
 HOOK_NAMES = tuple(f"unimas_{kind}" for kind in KINDS)
 
 

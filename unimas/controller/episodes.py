@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
 
 from unimas.config import RoleConfig
 from unimas.controller.context import EpisodeContext
@@ -23,6 +23,9 @@ from unimas.controller.router import Router
 from unimas.controller.timeouts import bounded
 from unimas.errors import ModelGroupError, UserError, describe
 from unimas.trajectory import GraphTrajectory
+
+if TYPE_CHECKING:
+    from unimas.controller.forking import ReplayPrefix
 
 Workflow = Callable[[EpisodeContext, dict], Awaitable[Any]]
 
@@ -32,6 +35,8 @@ class EpisodeSpec:
     episode_id: str
     task_uid: str
     task: dict
+    prefix: Optional["ReplayPrefix"] = None
+    """A fork: turns replayed from a recorded episode before sampling starts (see unimas.controller.forking)."""
 
 
 class Controller:
@@ -52,8 +57,10 @@ class Controller:
 
     async def _run_one(self, spec: EpisodeSpec, greedy: bool) -> GraphTrajectory:
         trajectory = GraphTrajectory(episode_id=spec.episode_id, task_id=spec.task_uid, task=spec.task)
+        if spec.prefix is not None:
+            trajectory.forked_from, trajectory.fork_turn = spec.prefix.parent, spec.prefix.fork_turn
         context = EpisodeContext(trajectory, self.roles, self.router, self.tools, greedy=greedy,
-                                 tool_timeout_s=self.tool_timeout_s, parsers=self.parsers)
+                                 tool_timeout_s=self.tool_timeout_s, parsers=self.parsers, prefix=spec.prefix)
         trajectory.started = time.perf_counter()
         try:
             outcome = await bounded(self.workflow(context, spec.task), self.episode_timeout_s, "the episode")

@@ -1,0 +1,51 @@
+"""``gdpo``: each reward channel normalised within its group before they are summed (verl's GDPO).
+
+Seed: GDPO (verl ``core_algos`` "gdpo", arXiv 2601.05242; not among the seed
+abstracts). With several reward entries (e.g. team accuracy and a verifier
+fix/break reward), summing first lets the larger-variance channel drown the
+other; GDPO normalises each channel within the turn's group, sums them with
+``weights`` and whitens the sum. The per-turn channel values are the raw
+values each entry stored on the trajectory (a number reaches every turn; a
+dict is read by the turn's role, then its id). This calls verl's own
+implementation. Pair with ``estimator: passthrough``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from unimas.credit import CreditedTurn
+
+
+def channel_value(raw: Any, role: str, turn_id: str) -> float:
+    if isinstance(raw, dict):
+        return float(raw.get(role, raw.get(turn_id, 0.0)))
+    return float(raw)
+
+
+def gdpo(channels: list[str], weights: list[float] | None = None, norm_by_std: bool = True):
+    if not channels:
+        raise ValueError("list the reward keys to normalise separately under 'channels'")
+    if weights is not None and len(weights) != len(channels):
+        raise ValueError("'weights' needs one number per channel")
+
+    def shape(turns: list[CreditedTurn]) -> list[float]:
+        from verl.trainer.config import AlgoConfig
+        from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+        n = len(turns)
+        per_channel = {key: np.array([channel_value(c.trajectory.rewards.get(key, 0.0), c.turn.role, c.turn.id)
+                                      for c in turns], dtype=np.float32) for key in channels}
+        config = AlgoConfig(gdpo_reward_keys=list(channels), gdpo_reward_weights=weights,
+                            norm_adv_by_std_in_grpo=norm_by_std)
+        advantages, _ = ADV_ESTIMATOR_REGISTRY["gdpo"](
+            token_level_rewards=torch.zeros(n, 1), response_mask=torch.ones(n, 1),
+            index=np.array([c.key for c in turns], dtype=object), norm_adv_by_std_in_grpo=norm_by_std,
+            config=config, non_tensor_batch=per_channel,
+            batch={"prompts": torch.zeros(n, 1), "attention_mask": torch.ones(n, 2)})
+        return advantages[:, 0].tolist()
+
+    return shape

@@ -1,0 +1,68 @@
+"""``verified_successes``: replay of verified successful episodes into later groups (RePO/RLEP).
+
+Seeds: RePO (reference/seed-papers.md, 000:9) "augments each prompt's GRPO
+group with off-policy samples retrieved from a replay buffer"; RLEP (000:39)
+"collect verified trajectories, then blend replayed successes with fresh
+rollouts". Episodes whose return reaches ``threshold`` are kept (the newest
+``per_task`` per task, none older than ``max_age`` steps). Each step a
+``revisit`` share of the task list is swapped for stored tasks, and every
+task of the step whose fresh episodes *all* fall short gets up to
+``per_group`` stored successes mixed into its group — the case where GRPO has
+no signal at all. Mixed-in turns record their staleness.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from typing import Any
+
+from unimas.controller.episodes import EpisodeSpec
+from unimas.replay import replayed_copy
+from unimas.rollout import RolloutSession, by_task, episode_return
+from unimas.trajectory import GraphTrajectory
+
+
+def task_identity(task: dict[str, Any]) -> str:
+    """The same dataset row across steps (task uids are per step): its ``id``, else its content."""
+    return str(task["id"]) if "id" in task else json.dumps(task, sort_keys=True, default=str)
+
+
+class VerifiedSuccesses:
+    def __init__(self, threshold: float = 1.0, per_task: int = 2, per_group: int = 1, revisit: float = 0.25,
+                 max_age: int = 50):
+        if not 0 <= revisit <= 1:
+            raise ValueError("revisit is a fraction of the step's tasks, between 0 and 1")
+        self.threshold, self.per_task, self.per_group = threshold, per_task, per_group
+        self.revisit_share, self.max_age = revisit, max_age
+        self.kept: OrderedDict[str, list[tuple[GraphTrajectory, int]]] = OrderedDict()
+
+    def observe(self, trajectories: list[GraphTrajectory], step: int) -> None:
+        for traj in trajectories:
+            if not traj.failed and traj.forked_from is None and episode_return(traj) >= self.threshold:
+                key = task_identity(traj.task)
+                stored = self.kept.setdefault(key, [])
+                stored.append((traj, step))
+                del stored[: -self.per_task]
+                self.kept.move_to_end(key)
+        for task in [t for t, stored in self.kept.items() if step - stored[-1][1] > self.max_age]:
+            del self.kept[task]
+
+    def revisit(self, specs: list[EpisodeSpec], step: int) -> list[EpisodeSpec]:
+        uids = list(dict.fromkeys(spec.task_uid for spec in specs))
+        present = {task_identity(spec.task) for spec in specs}
+        stored = [key for key in reversed(self.kept) if key not in present]
+        swaps = dict(zip(uids[len(uids) - int(len(uids) * self.revisit_share):], stored))
+        return [EpisodeSpec(spec.episode_id, spec.task_uid, self.kept[swaps[spec.task_uid]][-1][0].task)
+                if spec.task_uid in swaps else spec for spec in specs]
+
+    def mix(self, fresh: list[GraphTrajectory], session: RolloutSession) -> list[GraphTrajectory]:
+        session.score(fresh)
+        mixed = []
+        for uid, group in by_task(fresh).items():
+            key = task_identity(group[0].task)
+            if key not in self.kept or any(episode_return(t) >= self.threshold for t in group):
+                continue
+            for i, (stored, born) in enumerate(self.kept[key][-self.per_group:]):
+                mixed.append(replayed_copy(stored, born, session.step, f"{uid}-replay{i}", task_id=uid))
+        return mixed

@@ -1,0 +1,128 @@
+"""Rollout control: how a step's task list becomes trajectories.
+
+The trainer makes one call per step, :meth:`Rollout.collect`. Without
+plugins it runs ``group_size`` independent episodes per task, exactly as
+before. An ``algorithm.rollout`` plugin (hook ``unimas_rollout_controls``)
+takes over the episodes: it gets a :class:`RolloutSession` that runs specs,
+forks recorded episodes at a turn (:mod:`unimas.controller.forking`) and
+scores episodes early (reward allocation), so it can branch where outcomes
+are mixed or the policy is unsure, or spend more samples on some tasks. An
+``algorithm.replay`` plugin (:mod:`unimas.replay`) then revisits stored tasks
+and mixes stored episodes into the step's groups. ``algorithm.credit`` and
+``algorithm.update_order`` are resolved here too, so the trainer holds one
+object for all algorithm plugins.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.controller.forking import fork_specs
+from unimas.trajectory import GraphTrajectory
+
+if TYPE_CHECKING:
+    from unimas.config import AlgorithmPlugin
+    from unimas.credit import CreditAssigner
+    from unimas.experiment import Experiment
+    from unimas.replay import ReplayBuffer
+    from unimas.update_order import UpdateOrder
+
+
+class RolloutControl(Protocol):
+    """``await control.rollout(session, specs)``: the step's trajectories (forks included) for ``specs``."""
+
+    async def rollout(self, session: "RolloutSession", specs: list[EpisodeSpec]) -> list[GraphTrajectory]: ...
+
+
+class RolloutSession:
+    """A rollout control's handle on one step: run, fork and score episodes."""
+
+    def __init__(self, controller: Controller, credit: "CreditAssigner", step: int, group_size: int):
+        self.controller = controller
+        self.credit = credit
+        self.step = step
+        self.group_size = group_size
+
+    async def run(self, specs: list[EpisodeSpec]) -> list[GraphTrajectory]:
+        return await self.controller.run(specs)
+
+    async def fork(self, forks: Sequence[tuple[GraphTrajectory, int, int]]) -> list[GraphTrajectory]:
+        """Run ``(parent, k, siblings)`` forks concurrently: each sibling replays ``parent``'s first ``k`` turns."""
+        specs = [spec for parent, k, siblings in forks for spec in fork_specs(parent, k, siblings)]
+        return await self.controller.run(specs)
+
+    def score(self, trajectories: Sequence[GraphTrajectory]) -> None:
+        """Allocate rewards now (``turn.reward``), for decisions; credit re-scores them identically later."""
+        self.credit.allocate(trajectories)
+
+
+def episode_return(trajectory: GraphTrajectory) -> float:
+    """One number per scored episode: the mean reward of its turns (0 for a failed or empty one)."""
+    turns = trajectory.turns()
+    if trajectory.failed or not turns:
+        return 0.0
+    return sum(t.reward or 0.0 for t in turns) / len(turns)
+
+
+def by_task(trajectories: Sequence[GraphTrajectory]) -> dict[str, list[GraphTrajectory]]:
+    groups: dict[str, list[GraphTrajectory]] = {}
+    for traj in trajectories:
+        groups.setdefault(traj.task_id, []).append(traj)
+    return groups
+
+
+class Rollout:
+    """The trainer's one object for rollout control, replay, credit shaping and update order."""
+
+    def __init__(self, controller: Controller, credit: "CreditAssigner", group_size: int,
+                 control: RolloutControl | None = None, replay: "ReplayBuffer | None" = None,
+                 update_order: "UpdateOrder | None" = None):
+        self.controller = controller
+        self.credit = credit
+        self.group_size = group_size
+        self.control = control
+        self.replay = replay
+        self.update_order = update_order
+        self._previous: list[GraphTrajectory] = []
+        self._previous_step = 0
+
+    @classmethod
+    def from_experiment(cls, experiment: "Experiment", controller: Controller,
+                        credit: "CreditAssigner") -> "Rollout":
+        algorithm = experiment.config.algorithm
+        registry = experiment.registry
+        credit.shaper = _build(registry, "credit_shapers", algorithm.credit, "algorithm.credit")
+        return cls(controller, credit, algorithm.group_size,
+                   control=_build(registry, "rollout_controls", algorithm.rollout, "algorithm.rollout"),
+                   replay=_build(registry, "replay_buffers", algorithm.replay, "algorithm.replay"),
+                   update_order=_build(registry, "update_orders", algorithm.update_order, "algorithm.update_order"))
+
+    async def collect(self, specs: list[EpisodeSpec], step: int) -> list[GraphTrajectory]:
+        """The step's trajectories: the control's (or ``specs`` run as they are), then replayed ones mixed in."""
+        session = RolloutSession(self.controller, self.credit, step, self.group_size)
+        if self.replay is not None:
+            if self._previous:  # credited by now: their turns carry rewards and advantages
+                self.replay.observe(self._previous, self._previous_step)
+            specs = self.replay.revisit(specs, step)
+        if self.control is not None:
+            fresh = await self.control.rollout(session, specs)
+        else:
+            fresh = await session.run(specs)
+        if self.replay is None:
+            return fresh
+        self._previous, self._previous_step = fresh, step
+        return fresh + self.replay.mix(fresh, session)
+
+
+def _build(registry: Any, kind: str, entry: "AlgorithmPlugin | None", where: str) -> Any:
+    """The object a plugin's factory makes from its params; a bad parameter is the user's mistake."""
+    if entry is None:
+        return None
+    from unimas.errors import UserError
+
+    factory = registry.get(kind, entry.name, where=f"{where}.name")
+    try:
+        return factory(**entry.params)
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{kind[:-1].replace('_', ' ')} '{entry.name}': {exc}", where=f"{where}.params") from None

@@ -1,0 +1,80 @@
+"""Update order across roles and model groups.
+
+By default every model group updates once per step, all in parallel, on all
+the turns it owns. An ``algorithm.update_order`` plugin (hook
+``unimas_update_orders``) instead returns *stages* of roles: the stages run
+one after another, and within a stage each model group updates once on the
+turns of that stage's roles. A role's turns therefore meet weights that the
+earlier stages already changed — also on a model shared by several roles,
+where sequential per-role updates are the only way to order them. Before
+each stage the plugin may ``adjust`` its turns (for example their
+advantages) knowing what the already-updated stages reported: their update
+statistics (``ppo_kl``, ``clip_frac``: how far their importance ratios moved).
+
+A group updated in several stages reports the mean of each statistic over
+its stages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Mapping, Protocol, Sequence
+
+from unimas.groups.base import TrainTurn
+from unimas.groups.transport import Transport
+
+
+class UpdateOrder(Protocol):
+    def stages(self, execution: list[str]) -> list[list[str]]:
+        """Roles in stages, given the roles in the order they first acted this step."""
+
+    def adjust(self, role: str, turns: list[TrainTurn], done: Mapping[str, Mapping[str, float]]) -> list[TrainTurn]:
+        """``role``'s turns before its stage; ``done`` holds each already-updated role's group statistics."""
+
+
+def execution_order(roles_in_time: Sequence[tuple[float, str]]) -> list[str]:
+    """Roles by the time of their first turn (``(started, role)`` pairs of a step's turns)."""
+    first: dict[str, float] = {}
+    for started, role in roles_in_time:
+        first[role] = min(started, first.get(role, started))
+    return sorted(first, key=lambda role: (first[role], role))
+
+
+async def update_groups(transport: Transport, turns_by_group: Mapping[str, list[TrainTurn]],
+                        roles_by_group: Mapping[str, list[str]], order: UpdateOrder | None = None,
+                        execution: Sequence[str] = ()) -> dict[str, dict[str, float]]:
+    """Update the groups in ``order``'s stages (or all at once); returns each group's statistics.
+
+    ``roles_by_group[g][i]`` is the role of ``turns_by_group[g][i]``.
+    """
+    if order is None:
+        groups = sorted(turns_by_group)
+        results = await asyncio.gather(*(transport.update(g, turns_by_group[g]) for g in groups))
+        return dict(zip(groups, results))
+    by_role: dict[str, dict[str, list[TrainTurn]]] = defaultdict(lambda: defaultdict(list))
+    for group, turns in turns_by_group.items():
+        for role, turn in zip(roles_by_group[group], turns, strict=True):
+            by_role[role][group].append(turn)
+    stages = order.stages([role for role in execution if role in by_role] +
+                          sorted(role for role in by_role if role not in execution))
+    listed = [role for stage in stages for role in stage]
+    if sorted(listed) != sorted(by_role):
+        raise ValueError(f"update order {type(order).__name__} returned stages {stages}; they must list each of "
+                         f"the roles {sorted(by_role)} exactly once")
+    done: dict[str, dict[str, float]] = {}
+    per_group: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for stage in stages:
+        stage_turns: dict[str, list[TrainTurn]] = defaultdict(list)
+        owners: dict[str, list[str]] = defaultdict(list)
+        for role in stage:
+            for group, turns in by_role.get(role, {}).items():
+                stage_turns[group].extend(order.adjust(role, turns, done))
+                owners[group].append(role)
+        groups = sorted(g for g in stage_turns if stage_turns[g])
+        results = await asyncio.gather(*(transport.update(g, stage_turns[g]) for g in groups))
+        for group, stats in zip(groups, results):
+            per_group[group].append(stats)
+            done.update({role: stats for role in owners[group]})
+    return {group: {key: sum(s.get(key, 0.0) for s in runs) / len(runs) for key in runs[0]}
+            for group, runs in per_group.items()}
