@@ -88,6 +88,11 @@ class GroupAlgorithmConfig(Strict):
     entropy_coef: Optional[float] = Field(None, ge=0, description="entropy bonus weight for this group")
     ppo_epochs: Optional[int] = Field(None, ge=1, description="passes over a step's turns for this group")
     mini_batch_size: Optional[int] = Field(None, ge=0, description="turns per optimiser step for this group")
+    max_staleness: Optional[int] = Field(None, ge=0, description="most weight versions a trained turn of this "
+                                         "group may lag its weights")
+    stale_turns: Optional[Literal["drop", "reweight"]] = Field(None, description="turns of this group past its "
+                                                               "`max_staleness`: drop or reweight")
+    importance_cap: Optional[float] = Field(None, gt=0, description="truncation of this group's importance ratio")
 
 
 class SnapshotConfig(Strict):
@@ -263,6 +268,12 @@ class AlgorithmConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, description="passes over a step's turns")
     mini_batch_size: int = Field(0, ge=0, description="turns per optimiser step; 0 = whole batch")
     gamma: float = Field(1.0, ge=0, le=1, description="discount handed to the estimator (verl `AlgoConfig.gamma`)")
+    max_staleness: int = Field(0, ge=0, description="asynchronous pipeline: most weight versions a trained turn may "
+                               "lag its group (rollouts run that many steps ahead of updates); 0 = synchronous")
+    stale_turns: Literal["drop", "reweight"] = Field(
+        "drop", description="turns past a group's `max_staleness`: drop them, or train them importance-reweighted")
+    importance_cap: float = Field(2.0, gt=0, description="stale turns train with min(current/behaviour prob, this) "
+                                  "per token (truncated importance ratio against the sampled log-probs)")
 
 
 class StopCondition(Strict):

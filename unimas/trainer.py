@@ -6,6 +6,9 @@
         each model group updates on exactly the turns it owns (in parallel)
         metrics; every `eval_every` steps a greedy evaluation; checkpoints
 
+With ``algorithm.max_staleness > 0`` the episodes of the next steps are
+generated while the groups update (``unimas/pipeline.py``); 0 is the loop above.
+
 The loop never touches weights: it talks to model groups through a transport
 (in-process or Ray), which is what makes `runtime.kind` a config switch.
 """
@@ -35,6 +38,7 @@ from unimas.metrics import (
     rollout_metrics,
     throughput_metrics,
 )
+from unimas.pipeline import RolloutPipeline, WeightVersions, pipeline_depth
 from unimas.rundir import RunDir, mark_complete, read_trainer_state, write_trainer_state
 from unimas.snapshots import SnapshotPools
 from unimas.trajectory import GraphTrajectory, write_jsonl
@@ -61,6 +65,8 @@ class Trainer:
         self.eval_tasks = experiment.tasks("eval")[: self.config.trainer.eval_size]
         self.start_step = 0
         self.failed_steps_in_a_row = 0
+        self.pipeline = RolloutPipeline(self._collect, pipeline_depth(self.config), self.config.trainer.steps)
+        self.versions = WeightVersions(self.config)
 
     def _new_router(self) -> Router:
         runtime = self.config.runtime
@@ -76,10 +82,15 @@ class Trainer:
             for i, task in enumerate(tasks) for g in range(group_size)
         ]
 
+    async def _collect(self, step: int) -> list[GraphTrajectory]:
+        """The episodes of step ``step``; the pipeline calls it, ahead of the step when it runs asynchronously."""
+        trajectories = await self.controller.run(self._step_specs(step))
+        return trajectories
+
     # -- one training step: episodes -> credit -> group updates -> metrics ---
     async def train_step(self, step: int) -> dict[str, Any]:
         started = time.perf_counter()
-        trajectories = await self.controller.run(self._step_specs(step))
+        trajectories = await self.pipeline.take(step)
         credit = self.credit.assign(trajectories)
         rollout_s = time.perf_counter() - started
         over_budget = self._check_failure_budget(step, trajectories)
@@ -87,14 +98,18 @@ class Trainer:
             raise TrainingFailed(f"step {step + 1}: {credit.metrics['credit/nonfinite_advantages']:.0f} turns got a "
                                  "non-finite advantage (trainer.on_nonfinite: stop)")
 
+        turns, staleness = self.versions.admit(credit.turns)
         update_started = time.perf_counter()
-        group_metrics = {} if over_budget else await self._update_groups(credit.turns)
+        group_metrics = {} if over_budget else await self._update_groups(turns)
+        if not over_budget:
+            self.versions.advance(turns, group_metrics)
         update_s = time.perf_counter() - update_started
         self._check_nonfinite_updates(step, group_metrics)
 
         metrics = {"step": step + 1, "episode/over_budget": float(over_budget)}
         metrics.update(rollout_metrics(trajectories, self.config.roles, self.experiment.primary_reward))
         metrics.update(credit.metrics)
+        metrics.update(staleness)
         metrics.update(group_metrics)
         metrics.update(throughput_metrics(trajectories, group_metrics))
         metrics.update({"time/rollout_s": rollout_s, "time/update_s": update_s,
@@ -133,6 +148,7 @@ class Trainer:
                 prompt_ids=c.turn.prompt_ids, response_ids=c.turn.response_ids, rollout_logprobs=c.turn.logprobs,
                 rollout_logprobs_exact=c.turn.logprobs_exact, advantage=c.turn.advantage,
                 temperature=role.generation.temperature or 1.0, adapter=role.adapter,
+                weight_version=c.turn.weight_version,
             ))
         groups = sorted(turns_by_group)
         results = await asyncio.gather(*(self.transport.update(g, turns_by_group[g]) for g in groups))
@@ -176,8 +192,10 @@ class Trainer:
         """Groups, trainer state, manifest, then ``COMPLETE``; older checkpoints are pruned only after that."""
         directory = self.run_dir.checkpoint(step)
         directory.mkdir(parents=True, exist_ok=True)
+        await self.pipeline.save(directory)  # first: rollouts in flight finish before the groups' RNG is saved
         await asyncio.gather(*(self.transport.save(g, directory / g) for g in sorted(self.config.models)))
-        write_trainer_state(directory, {"step": step, "failed_steps_in_a_row": self.failed_steps_in_a_row})
+        write_trainer_state(directory, {"step": step, "failed_steps_in_a_row": self.failed_steps_in_a_row,
+                                        "weight_versions": self.versions.state()})
         checkpoints.write_manifest(directory, step, self.config)
         mark_complete(directory)
         self.run_dir.prune(self.config.trainer.keep_checkpoints)
@@ -197,6 +215,10 @@ class Trainer:
         await asyncio.gather(*(self.transport.load(g, directory / g) for g in sorted(self.config.models)))
         state = read_trainer_state(directory)
         self.failed_steps_in_a_row = int(state.get("failed_steps_in_a_row", 0))
+        trainable = [g for g, m in self.config.models.items() if m.trainable]  # older states: one update per step
+        versions = state.get("weight_versions", dict.fromkeys(trainable, state["step"]))
+        self.versions = WeightVersions(self.config, versions)
+        self.pipeline.load(directory)
         return manifest.step if manifest is not None else state["step"]
 
     # -- the loop ---------------------------------------------------------
@@ -236,6 +258,7 @@ class Trainer:
                 if reached:
                     break
         finally:
+            await self.pipeline.close()
             writer.close()
         return history
 

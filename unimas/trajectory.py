@@ -39,6 +39,8 @@ class TurnNode:
     """The group's word that ``logprobs`` are its training distribution (see ``GenResult``)."""
     weight_version: Optional[int] = None
     """How many updates the group had made when it sampled this turn (None: the backend does not say)."""
+    weight_version: Optional[int] = None
+    """How many updates the group had made when it sampled this turn (None: the backend does not say)."""
     finished: bool = True
     parsed: Any = None
     """The role parser's answer (a string, or e.g. a dict for the json parser); None on a parse error."""
