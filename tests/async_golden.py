@@ -25,14 +25,16 @@ def stable(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not any(part in k for part in VOLATILE)} for r in records]
 
 
-def run(config: str, run_dir: Path, extra: list[str] = ()) -> list[dict]:
+def run(config: str, run_dir: Path, extra: list[str] = (), resume: bool = False) -> list[dict]:
+    """Train ``config`` with :data:`SETTINGS` and ``extra`` (``--set`` values); its metrics without timings."""
     import torch
 
     from unimas.cli import main
 
     torch.set_num_threads(1)
-    sets = [*SETTINGS, *extra]
-    assert main(["train", str(EXAMPLES / config), "--run-dir", str(run_dir), *sum((["--set", s] for s in sets), [])]) == 0
+    sets = sum((["--set", s] for s in [*SETTINGS, *extra]), [])
+    assert main(["train", str(EXAMPLES / config), "--run-dir", str(run_dir), *(["--resume"] if resume else []),
+                 *sets]) == 0
     return stable([json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()])
 
 

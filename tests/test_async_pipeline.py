@@ -24,6 +24,79 @@ def test_max_staleness_0_reproduces_the_recorded_synchronous_run(tmp_path, confi
         added = set(now) - set(then)
         assert all(k.endswith(NEW_KEYS) for k in added), sorted(added)
         assert all(now[k] == 0 for k in added if k.endswith(("/staleness_max", "/stale_dropped", "/stale_turns")))
-    versions = [r["group/listener_model/weight_version"] for r in records if "group/listener_model/weight_version" in r] \
-        if "separate" in config else [r["group/shared/weight_version"] for r in records if r["step"] > 0]
-    assert versions == [1.0, 2.0, 3.0]
+    group = "listener_model" if "separate" in config else "shared"
+    assert [r[f"group/{group}/weight_version"] for r in records[1:]] == [1.0, 2.0, 3.0]
+
+
+def _staleness_run(tmp_path, extra: list[str], resume: bool = False) -> list[dict]:
+    return run("quickstart_separate.yaml", tmp_path / "run", ["algorithm.max_staleness=1", *extra], resume)
+
+
+def test_rollouts_run_one_step_ahead_and_every_trained_turn_is_within_the_bound(tmp_path):
+    records = _staleness_run(tmp_path, [])[1:]
+    for group in ("speaker_model", "listener_model"):
+        # step 2's episodes were sampled alongside step 1's (before any update): every turn is one version old
+        assert records[1][f"group/{group}/staleness_max"] == 1 and records[1][f"group/{group}/stale_turns"] > 0
+        assert all(r[f"group/{group}/staleness_max"] <= 1 and r[f"group/{group}/stale_dropped"] == 0 for r in records)
+        assert 0 < records[1][f"group/{group}/importance_weight"] <= 2.0  # truncated at algorithm.importance_cap
+    assert records[0]["group/listener_model/staleness_max"] == 0  # step 1: nothing trained before it
+
+
+@pytest.mark.parametrize("policy", ["drop", "reweight"])
+def test_a_group_with_a_lower_bound_drops_or_reweights_its_stale_turns(tmp_path, policy):
+    """The pipeline runs one step ahead for the speaker; the listener's own bound is 0."""
+    records = _staleness_run(tmp_path, ["models.listener_model.algorithm.max_staleness=0",
+                                        f"algorithm.stale_turns={policy}"])
+    step2 = records[2]
+    assert step2["group/listener_model/staleness_max"] == 1 and step2["group/speaker_model/stale_dropped"] == 0
+    if policy == "drop":
+        assert step2["group/listener_model/stale_dropped"] == step2["role/listener/turns"]
+        assert "group/listener_model/tokens" not in step2  # nothing left to train: no update
+    else:
+        assert step2["group/listener_model/stale_dropped"] == 0 and step2["group/listener_model/stale_turns"] > 0
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing in the trainer catches it."""
+
+
+def test_a_resume_trains_the_saved_pending_rollouts_and_loses_no_step(tmp_path, monkeypatch):
+    from unimas.pipeline import PENDING
+    from unimas.trainer import Trainer
+
+    trained: list[tuple[int, str, str, int, tuple]] = []  # (attempt, episode, turn, weight version, tokens)
+    attempt = {"n": 1}
+    update, train_step = Trainer._update_groups, Trainer.train_step
+
+    async def recording_update(self, credited):
+        trained.extend((attempt["n"], c.trajectory.episode_id, c.turn.id, c.turn.weight_version,
+                        tuple(c.turn.response_ids)) for c in credited)
+        return await update(self, credited)
+
+    async def dying_step(self, step):
+        if attempt["n"] == 1 and step == 3:
+            raise Killed()
+        return await train_step(self, step)
+
+    monkeypatch.setattr(Trainer, "_update_groups", recording_update)
+    monkeypatch.setattr(Trainer, "train_step", dying_step)
+    settings = ["trainer.steps=6", "trainer.save_every=2", "trainer.eval_every=0"]
+    with pytest.raises(Killed):
+        _staleness_run(tmp_path, settings)
+    pending = (tmp_path / "run" / "checkpoints" / "step_000002" / PENDING).read_text().splitlines()
+    assert {json.loads(line)["step"] for line in pending} == {2}  # rolled out ahead of checkpoint 2, not trained
+    attempt["n"] = 2
+    records = _staleness_run(tmp_path, settings, resume=True)
+    assert [r["step"] for r in records] == list(range(7))  # no step lost, none logged twice
+
+    def step_of(episode: str) -> int:
+        return int(episode.split("-")[0][1:])
+
+    first = [t for t in trained if t[0] == 1]
+    second = [t for t in trained if t[0] == 2]
+    # the resumed run trained the saved rollouts of step 3 token for token (the same versions): not regenerated
+    assert [t[1:] for t in second if step_of(t[1]) == 2] == [t[1:] for t in first if step_of(t[1]) == 2]
+    # the run's history: steps 1-2 from before the checkpoint, 3-6 after the resume; each turn trained once
+    history = [t[1:3] for t in first if step_of(t[1]) < 2] + [t[1:3] for t in second]
+    assert len(history) == len(set(history))
+    assert sorted({step_of(episode) for episode, _ in history}) == list(range(6))
