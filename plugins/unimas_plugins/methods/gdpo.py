@@ -45,7 +45,7 @@ def gdpo(channels: list[str], weights: list[float] | None = None, norm_by_std: b
             token_level_rewards=torch.zeros(n, 1), response_mask=torch.ones(n, 1),
             index=np.array([c.key for c in turns], dtype=object), norm_adv_by_std_in_grpo=norm_by_std,
             config=config, non_tensor_batch=per_channel,
-            batch={"prompts": torch.zeros(n, 1), "attention_mask": torch.ones(n, 2)})
+            batch={"prompts": torch.zeros(n, 1), "attention_mask": torch.ones(n, 2, dtype=torch.long)})
         return advantages[:, 0].tolist()
 
     return shape
