@@ -95,3 +95,14 @@ def test_controller_scale_smoke():
     assert rows[3][8].endswith("x")  # ray rows are compared with local at the same concurrency
     memory = table_rows(out, "in-flight episodes", first=False)
     assert memory[0][:2] == ["local", "256"] and number(memory[0][2]) > 0
+
+
+def test_credit_smoke():
+    out = run_benchmark("credit.py", "--methods", "grpo", "branch+counterfactual", "replay", "seeupo")
+    rows = table_rows(out, "task")
+    assert {(row[0], row[1]) for row in rows} == {(task, method) for task in ("signalling", "arith", "math_team")
+                                                  for method in ("grpo", "branch+counterfactual", "replay", "seeupo")}
+    for row in rows:
+        assert number(row[7]) >= 64  # each run sampled at least its token budget
+        assert 0 <= number(row[2].split("±")[0]) <= 1
+    assert all(row[4] != "—" for row in rows if row[0] == "arith")  # verifier fix rate reported for the team

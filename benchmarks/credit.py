@@ -1,0 +1,209 @@
+"""Credit methods at equal sampled-token budgets: `python benchmarks/credit.py`.
+
+Methods (the built-in seed methods, ``plugins/unimas_plugins/methods``) ×
+tasks × seeds. Each run trains until it has *sampled* ``budget`` response
+tokens (replayed fork prefixes and replay-buffer copies cost nothing; this is
+what makes branching and replay comparable with plain GRPO), evaluating
+greedily every ``eval_every`` steps and once at the end. Reported per task and
+method, mean ± std over seeds:
+
+* final team accuracy (greedy ``eval/accuracy``);
+* for the solver → verifier team (``arith``): the verifier's fix rate (a wrong
+  proposal turned right) and break rate (a right one turned wrong);
+* steps and sampled tokens until the accuracy first reached the task's
+  threshold (mean over the seeds that reached it; ``k/n`` says how many did).
+
+Tasks: ``signalling`` (examples/quickstart.yaml), ``arith`` (the warm-started
+solver → verifier team of examples/arith_team.yaml, team reward only: the
+verifier learns to copy) and ``math_team`` (examples/math_team_cpu.yaml,
+solver → verifier → refiner from the workflow library). Everything runs in
+this process, one run after another; ``--smoke`` shrinks it to seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import REPO, machine_line, markdown_table, quiet_environment  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Task:
+    config: str
+    threshold: float
+    budget: int
+    """Sampled response tokens per run (full mode)."""
+    overrides: tuple[str, ...] = ()
+
+
+TASKS = {
+    "signalling": Task("examples/quickstart.yaml", 0.9, 12_288,
+                       ("trainer.tasks_per_step=16", "trainer.eval_size=32")),
+    "arith": Task("examples/arith_team.yaml", 0.45, 30_000, ("trainer.tasks_per_step=16", "trainer.eval_size=100")),
+    "math_team": Task("examples/math_team_cpu.yaml", 0.3, 12_000, ("trainer.tasks_per_step=8", "trainer.eval_size=32")),
+}
+
+METHODS = {
+    "grpo": (),
+    "hgpo": ("algorithm.credit={name: hgpo}", "algorithm.estimator=passthrough"),
+    "gagpo": ("algorithm.credit={name: gagpo, params: {lam: 0.95, normalize: true}}",
+              "algorithm.estimator=passthrough"),
+    "branch+counterfactual": ("algorithm.rollout={name: entropy_branch, params: {roots: 4, siblings: 1}}",
+                              "algorithm.credit={name: counterfactual}", "algorithm.estimator=passthrough"),
+    "adaptive_budget": ("algorithm.rollout={name: adaptive_budget, params: {probe: 4}}",),
+    "replay": ("algorithm.replay={name: verified_successes, params: {revisit: 0.25}}",
+               "algorithm.stale_turns=reweight"),
+    "seeupo": ("algorithm.update_order={name: reverse_execution}",),
+    "m2po": ("algorithm.loss=m2po",),
+}
+
+
+@dataclass
+class Result:
+    accuracy: float = 0.0
+    fix: float | None = None
+    broke: float | None = None
+    steps: int = 0
+    tokens: int = 0
+    reached: tuple[int, int] | None = None
+    """(step, sampled tokens) of the first evaluation at or above the threshold."""
+    history: list[tuple[int, float]] = field(default_factory=list)
+
+
+def verifier_rates(episodes) -> tuple[float | None, float | None]:
+    """Fix rate over wrong proposals, break rate over right ones (arith outcomes carry answer and proposal)."""
+    if not episodes or "proposal" not in episodes[0].outcome:
+        return None, None
+    wrong = [e for e in episodes if e.outcome.get("proposal") != e.task["answer"]]
+    right = [e for e in episodes if e.outcome.get("proposal") == e.task["answer"]]
+    fixed = sum(e.outcome.get("answer") == e.task["answer"] for e in wrong)
+    broken = sum(e.outcome.get("answer") != e.task["answer"] for e in right)
+    return fixed / max(len(wrong), 1), broken / max(len(right), 1)
+
+
+async def train_to_budget(trainer, task: Task, budget: int, eval_every: int, run_dir: Path) -> Result:
+    from unimas.controller.forking import sampled_tokens
+    from unimas.trajectory import read_jsonl
+
+    result = Result()
+    run = trainer.controller.run
+
+    async def counted(specs, greedy=False):  # every sampled training episode (forks too) passes through here
+        episodes = await run(specs, greedy=greedy)
+        if not greedy:
+            result.tokens += sampled_tokens(episodes)
+        return episodes
+
+    trainer.controller.run = counted
+
+    async def evaluate(step: int) -> None:
+        accuracy = (await trainer.evaluate(step))["eval/accuracy"]
+        result.history.append((step, accuracy))
+        if result.reached is None and accuracy >= task.threshold:
+            result.reached = (step, result.tokens)
+        result.accuracy = accuracy
+
+    await evaluate(0)
+    step = 0
+    while result.tokens < budget:
+        await trainer.train_step(step)
+        step += 1
+        if step % eval_every == 0 or result.tokens >= budget:
+            await evaluate(step)
+    result.steps = step
+    final = [e for e in read_jsonl(run_dir / "trajectories" / "eval.jsonl") if e.outcome.get("_step") == step]
+    result.fix, result.broke = verifier_rates(final)
+    return result
+
+
+def run_one(task_name: str, method: str, seed: int, budget: int, eval_every: int, extra: list[str]) -> Result:
+    from unimas.config_file import load_config
+    from unimas.experiment import Experiment
+    from unimas.groups.transport import start_transport
+    from unimas.process import torch_setup
+    from unimas.rundir import RunDir
+    from unimas.trainer import Trainer
+
+    task = TASKS[task_name]
+    overrides = [*task.overrides, *METHODS[method], *extra, f"trainer.seed={seed}", "trainer.steps=100000",
+                 "trainer.sample_trajectories=0", "trainer.stop_at_accuracy=null"]
+    config = load_config(REPO / task.config, overrides)
+    experiment = Experiment.resolve(config)
+    torch_setup(config.trainer.torch_threads, seed)
+    with tempfile.TemporaryDirectory(prefix="credit-bench-") as tmp:
+        run_dir = RunDir(Path(tmp)).create()
+        transport = start_transport(config, experiment.registry)
+        try:
+            trainer = Trainer(experiment, run_dir, transport)
+            return asyncio.run(train_to_budget(trainer, task, budget, eval_every, Path(tmp)))
+        finally:
+            transport.shutdown()
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def table(results: dict[tuple[str, str], list[Result]], seeds: int) -> str:
+    rows = []
+    for (task_name, method), runs in results.items():
+        reached = [r.reached for r in runs if r.reached is not None]
+        fixes = [r.fix for r in runs if r.fix is not None]
+        breaks = [r.broke for r in runs if r.broke is not None]
+        rows.append([task_name, method, spread([r.accuracy for r in runs]), spread([r.history[0][1] for r in runs]),
+                     spread(fixes), spread(breaks),
+                     f"{statistics.fmean(r.steps for r in runs):.0f}",
+                     f"{statistics.fmean(r.tokens for r in runs):.0f}",
+                     f"{len(reached)}/{len(runs)}",
+                     f"{statistics.fmean(s for s, _ in reached):.0f}" if reached else "—",
+                     f"{statistics.fmean(t for _, t in reached):.0f}" if reached else "—"])
+    return markdown_table(["task", "method", "final team acc", "acc at step 0", "verifier fix rate",
+                           "verifier break rate", "steps", "sampled tokens", "reached threshold",
+                           "steps to threshold", "tokens to threshold"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets, one seed: checks the script runs")
+    parser.add_argument("--tasks", nargs="*", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget-scale", type=float, default=1.0, help="multiplies every task's token budget")
+    parser.add_argument("--eval-every", type=int, default=5)
+    args = parser.parse_args()
+    quiet_environment(1)
+    seeds, eval_every, extra = args.seeds, args.eval_every, []
+    if args.smoke:
+        seeds, eval_every = 1, 1
+        extra = ["trainer.tasks_per_step=2", "algorithm.group_size=4", "trainer.eval_size=4"]
+    print(f"machine: {machine_line(1)}")
+    results: dict[tuple[str, str], list[Result]] = {}
+    started = time.perf_counter()
+    for task_name in args.tasks:
+        budget = 64 if args.smoke else int(TASKS[task_name].budget * args.budget_scale)
+        for method in args.methods:
+            for seed in range(seeds):
+                result = run_one(task_name, method, seed, budget, eval_every, extra)
+                results.setdefault((task_name, method), []).append(result)
+                print(f"# {task_name} {method} seed {seed}: acc {result.accuracy:.3f} after {result.steps} steps, "
+                      f"{result.tokens} tokens; history {result.history}", flush=True)
+    print(f"\nEqual sampled-token budgets; {seeds} seed(s); {time.perf_counter() - started:.0f} s in all.\n")
+    print(table(results, seeds))
+
+
+if __name__ == "__main__":
+    main()
