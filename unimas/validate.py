@@ -14,6 +14,7 @@ from unimas.config import ExperimentConfig, RoleConfig
 from unimas.errors import UserError
 from unimas.experiment import Experiment, make_parser
 from unimas.groups.build import backend_options
+from unimas.groups.verl import plan as verl_plan
 from unimas.registry import Registry, build_registry
 from unimas.report.data import model_mapping
 from unimas.workflow.graph import check_graph
@@ -46,6 +47,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             add(where, f"unknown policy loss '{loss}'; known: {', '.join(sorted(losses))}{registry.broken_hint()}")
         if group.snapshot is not None:
             problems.extend(_snapshot_problems(config, name))
+    problems.extend(verl_plan.config_problems(config))
 
     options = _group_options(config, registry)
     for name, role in config.roles.items():

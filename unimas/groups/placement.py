@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from unimas.config import ExperimentConfig, ModelGroupConfig
 from unimas.errors import UserError
+from unimas.groups.verl import plan as verl_plan
 
 GIB = 2**30
 
@@ -75,6 +76,7 @@ def placement_plan(config: ExperimentConfig, available: dict[str, float] | None 
     for name, group in sorted(config.models.items()):
         where = f" -> node {assigned[name]}" if name in assigned else ""
         lines.append(f"  model group {name}: {_describe(_need(group))}{where}")
+    lines.extend(verl_plan.plan_lines(config))
     lines.append(f"  total: {_describe(need)}")
     if available is not None:
         count = f" on {len(nodes)} node{'s' if len(nodes) != 1 else ''}" if nodes else ""

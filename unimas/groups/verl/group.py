@@ -1,0 +1,289 @@
+"""``backend: verl``: a model group trained by verl's FSDP2 engine, generating through a verl rollout.
+
+One :class:`VerlModelGroup` hosts, in this process:
+
+* the **actor**: verl's ``TrainingWorker`` (FSDP2; gloo on CPU through
+  :mod:`.platform`, NCCL on GPU) that computes log-probs and runs the PPO/GRPO
+  mini-batch loop. Its loss is :func:`unimas.algorithms.compose_loss`, the
+  composition every backend shares, fed with unimas's advantages (the credit
+  path); verl's own advantage estimators are never called;
+* the **reference** (only with ``kl_coef > 0``): a forward-only
+  ``TrainingWorker`` holding the initial weights;
+* the **rollout**: the class verl's ``get_rollout_class`` returns for the
+  group's rollout (``unimas_hf``, see :mod:`.rollout`). It holds its own copy
+  of the weights, which change only through a weight sync after each update;
+  every sync is checked: the rollout's log-probs on the tokens just trained
+  must equal the trainer's (``options.sync_tolerance``).
+
+Several groups in one process each build their own FSDP2 module on the same
+one-rank process group, so their weights never mix. The groups' verl-side
+settings come from :mod:`.options` (one translation module).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from collections import defaultdict
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+import torch
+
+from unimas import algorithms
+from unimas.errors import UserError
+from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
+from unimas.groups.torch import chat, sampling
+from unimas.groups.torch import source as source_of
+from unimas.groups.verl import batch as rows_of
+from unimas.groups.verl import platform, prompts
+from unimas.groups.verl.options import VerlOptions, translate
+from unimas.groups.verl.plan import group_problems
+
+ACTOR_DIR, STATE_FILE, RNG_FILE = "verl_actor", "unimas_group.json", "rollout_rng.pt"
+UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
+                  "rollout_logprob_diff", "lr", "tokens", "update_time_s")
+
+
+def unimas_loss(policy_loss: Any, algorithm: Any, model_output: Any, data: Any, dp_group: Any = None):
+    """verl loss-function signature around unimas's shared loss composition (one micro-batch = one mini-batch)."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    entropy = model_output.get("entropy", None)
+    entropy = torch.zeros_like(log_prob) if entropy is None else no_padding_2_padding(entropy, data)
+    keys = ["response_mask", "old_log_probs", "advantages"] + (["ref_log_prob"] if "ref_log_prob" in data else [])
+    fields = data.select(*keys).to_padded_tensor()
+    return algorithms.compose_loss(policy_loss, algorithm, log_prob=log_prob, old_log_prob=fields["old_log_probs"],
+                                   advantages=fields["advantages"], response_mask=fields["response_mask"].float(),
+                                   entropy=entropy, ref_log_prob=fields.get("ref_log_prob", None))
+
+
+class VerlModelGroup(ModelGroup):
+    """One model trained by verl's engine; generation from a rollout that only weight syncs update."""
+
+    options: ClassVar[type[VerlOptions]] = VerlOptions
+
+    def __init__(self, spec: GroupSpec, model_dir: str, tokenizer: Any, eos_ids: list[int],
+                 max_positions: Optional[int]):
+        from verl.workers.engine_workers import TrainingWorker
+        from verl.workers.rollout.base import get_rollout_class
+
+        from unimas.groups.verl import rollout
+
+        self.spec, self.name, self.trainable = spec, spec.name, spec.config.trainable
+        self.tokenizer, self.pad_id, self.eos_ids = tokenizer, tokenizer.pad_token_id, eos_ids
+        self.max_positions = max_positions
+        self._lock = threading.RLock()
+        self.configs = translate(spec, model_dir)
+        self.actor = None
+        if self.trainable:
+            self.actor = TrainingWorker(self.configs.actor)
+            self.actor.reset()
+            self.actor.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
+        self.reference = None
+        if self.configs.reference is not None:
+            self.reference = TrainingWorker(self.configs.reference)
+            self.reference.reset()
+        rollout.register()
+        rollout_class = get_rollout_class(self.configs.rollout.name, self.configs.rollout.mode)
+        self.rollout = rollout_class(config=self.configs.rollout, model_config=self.configs.actor.model_config)
+        self.weight_version = 0
+        self.last_sync_diff: Optional[float] = None
+        """Largest |rollout - trainer| log-prob measured after the latest sync (None before any check)."""
+        if self.actor is not None:
+            self.sync_weights()
+
+    @classmethod
+    def build(cls, spec: GroupSpec) -> "VerlModelGroup":
+        """Load or build the weights, write them as the HF dir verl reads, and start engine and rollout."""
+        options = spec.options if isinstance(spec.options, VerlOptions) else VerlOptions.model_validate(spec.options)
+        spec.options = options
+        problems = group_problems(spec.name, spec.config, options, spec.adapters, gpu_present=platform.on_gpu())
+        if problems:
+            raise UserError("; ".join(problem for _, problem in problems), where=problems[0][0])
+        platform.prepare()
+        model, tokenizer, _ = source_of.load_model(options.source(), spec.name, spec.seed)
+        eos = model.generation_config.eos_token_id
+        eos_ids = sorted({tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else list(eos or []))} - {None})
+        config = model.config
+        max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        model_dir = tempfile.mkdtemp(prefix=f"unimas-verl-{spec.name}-")
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        del model
+        group = cls(spec, model_dir, tokenizer, eos_ids, max_positions)
+        weakref.finalize(group, shutil.rmtree, model_dir, True)
+        return group
+
+    @classmethod
+    def vocabulary(cls, options: Any) -> Optional[list[str]]:
+        options = options if isinstance(options, VerlOptions) else VerlOptions.model_validate(options)
+        return source_of.vocabulary(options.source())
+
+    @classmethod
+    def has_chat_template(cls, options: Any) -> Optional[bool]:
+        options = options if isinstance(options, VerlOptions) else VerlOptions.model_validate(options)
+        return chat.has_chat_template(source_of.tokenizer_only(options.source()))
+
+    # ------------------------------------------------------------- weights
+
+    def sync_weights(self) -> None:
+        """Send the actor's weights (HF-named full tensors) to the rollout, tagged with the weight version."""
+        from unimas.groups.verl.rollout import run_sync
+
+        weights, _ = self.actor.engine.get_per_tensor_param()
+        run_sync(self.rollout.update_weights(weights, global_steps=self.weight_version))
+
+    def trainer_logprobs(self, turns: list[TrainTurn], worker: Any = None) -> list[list[float]]:
+        """Per-token log-probs of the turns' responses under the actor (or ``worker``), at each turn's temperature."""
+        rows = rows_of.layout(turns, self.pad_id)
+        return [row[: len(t.response_ids)] for row, t in zip(self._logprobs(rows, worker).tolist(), turns)]
+
+    def _logprobs(self, rows: rows_of.Rows, worker: Any = None) -> torch.Tensor:
+        from verl.utils import tensordict_utils as tu
+
+        worker = worker or self.actor
+        # Without a token budget, one forward for the whole batch (verl needs micro-batches that divide it).
+        batching = {} if self.spec.options.dynamic_batch_size else {"micro_batch_size_per_gpu": rows.size}
+        data = rows_of.engine_input(rows, calculate_entropy=False, compute_loss=False, **batching)
+        output = worker.infer_batch(data)
+        return rows_of.to_rows(output, "log_probs", data) * rows.tensors["response_mask"].float() \
+            if tu.get(output, "log_probs") is not None else None
+
+    def _check_sync(self, turns: list[TrainTurn]) -> None:
+        """After a sync, the rollout must score the just-trained tokens exactly as the trainer does."""
+        trainer = self.trainer_logprobs(turns)
+        served = self.rollout.logprobs([t.prompt_ids for t in turns], [t.response_ids for t in turns],
+                                       [t.temperature or 1.0 for t in turns])
+        diff = max((abs(a - b) for x, y in zip(trainer, served) for a, b in zip(x, y)), default=0.0)
+        self.last_sync_diff = diff
+        if diff > self.spec.options.sync_tolerance or self.rollout.weight_version != self.weight_version:
+            raise RuntimeError(f"model group '{self.name}': after the weight sync the rollout (version "
+                               f"{self.rollout.weight_version}) differs from the trainer (version "
+                               f"{self.weight_version}) by {diff:.2e} in log-prob (tolerance "
+                               f"{self.spec.options.sync_tolerance:.0e})")
+
+    # ----------------------------------------------------------- generation
+
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Sample every request through the rollout; requests sharing settings run as one batch."""
+        buckets: dict[tuple, list[int]] = defaultdict(list)
+        for i, request in enumerate(requests):
+            if request.adapter is not None:
+                raise ValueError(f"model group '{self.name}' (verl) has no LoRA adapters")
+            gen = request.generation
+            greedy = request.greedy or gen.temperature == 0
+            buckets[(gen.max_new_tokens, greedy, () if greedy else (gen.temperature, gen.top_k, gen.top_p))].append(i)
+        results: list[Optional[GenResult]] = [None] * len(requests)
+        fallback = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_ids[0]
+        with self._lock:
+            for (_, greedy, _), members in buckets.items():
+                gen = requests[members[0]].generation
+                rendered = [prompts.render(self.tokenizer, requests[i], self.name, self.max_positions, fallback)
+                            for i in members]
+                run = [k for k, (p, i) in enumerate(zip(rendered, members))
+                       if requests[i].allow_truncation or not p.truncated]
+                for k, i in enumerate(members):
+                    results[i] = GenResult(text="", prompt_ids=rendered[k].ids, response_ids=[], logprobs=[],
+                                           finished=False, prompt_text=rendered[k].text, truncated=True,
+                                           weight_version=self.weight_version)
+                if not run:
+                    continue
+                ids = [rendered[k].ids for k in run]
+                tokens, logprobs = self.rollout.generate(ids, gen, greedy, self.eos_ids, self.pad_id)
+                sampled = sampling.to_results(self.tokenizer, ids, tokens, logprobs, self.eos_ids,
+                                              exact=sampling.logprobs_are_exact(gen, greedy))
+                for k, result in zip(run, sampled):
+                    prompt = rendered[k]
+                    result.prompt_text, result.continued, result.truncated = (prompt.text, prompt.continued,
+                                                                              prompt.truncated)
+                    result.weight_version = self.rollout.weight_version
+                    results[members[k]] = result
+        return results  # type: ignore[return-value]
+
+    # -------------------------------------------------------------- training
+
+    def update(self, turns: list[TrainTurn]) -> dict[str, float]:
+        """One PPO/GRPO update through verl's mini-batch loop, then a checked weight sync."""
+        if not self.trainable:
+            raise RuntimeError(f"model group '{self.name}' is frozen (trainable: false) and cannot be updated")
+        with self._lock:
+            if not turns:
+                metrics = dict.fromkeys(UPDATE_METRICS, 0.0)
+                metrics["lr"] = self._lr()
+                return metrics
+            stale = [t.weight_version for t in turns if t.weight_version not in (None, self.weight_version)]
+            if stale:
+                raise ValueError(f"model group '{self.name}' (verl) got turns sampled by weight version {stale[0]}, "
+                                 f"not {self.weight_version}: the verl backend trains on-policy only")
+            return self._update(turns)
+
+    def _lr(self) -> float:
+        return float(self.actor.engine.optimizer.param_groups[0]["lr"])
+
+    def _update(self, turns: list[TrainTurn]) -> dict[str, float]:
+        from verl.utils import tensordict_utils as tu
+
+        start = time.perf_counter()
+        algorithm = self.spec.algorithm
+        mini = min(algorithm.mini_batch_size or len(turns), len(turns))
+        rows = rows_of.layout(turns, self.pad_id, rows_of.padded_size(len(turns), mini))
+        old = self._logprobs(rows)
+        exact = [t.rollout_logprobs_exact and len(t.rollout_logprobs) == len(t.response_ids) for t in turns]
+        sampled = rows_of.response_rows([t.rollout_logprobs if ok else [] for t, ok in zip(turns, exact)], rows)
+        known = rows_of.response_rows([[1.0] * len(t.response_ids) if ok else [] for t, ok in zip(turns, exact)], rows)
+        mismatch = float(((old - sampled).abs() * known).max()) if any(exact) else 0.0
+        extra = {"old_log_probs": old}
+        if self.reference is not None:
+            extra["ref_log_prob"] = self._logprobs(rows, self.reference)
+        lr = self._lr()
+        data = rows_of.engine_input(
+            rows, extra, calculate_entropy=True, compute_loss=True, global_batch_size=rows.size,
+            mini_batch_size=mini, epochs=algorithm.ppo_epochs, seed=self.spec.seed + self.weight_version,
+            dataloader_kwargs={"shuffle": mini < rows.size}, micro_batch_size_per_gpu=mini, use_dynamic_bsz=False)
+        verl_metrics = rows_of.mean_metrics(tu.get(self.actor.train_mini_batch(data), "metrics"))
+        self.weight_version += 1
+        self.sync_weights()
+        self._check_sync(turns)
+        grad_norm = verl_metrics.get("grad_norm", 0.0)
+        finite = bool(torch.isfinite(torch.tensor(grad_norm)))
+        metrics = {key: verl_metrics.get(key, 0.0) for key in ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl")}
+        metrics.update(grad_norm=grad_norm if finite else 0.0, nonfinite_skipped=0.0 if finite else 1.0,
+                       rollout_logprob_diff=mismatch, lr=lr, tokens=float(sum(len(t.response_ids) for t in turns)),
+                       update_time_s=time.perf_counter() - start)
+        return metrics
+
+    # ----------------------------------------------------------- checkpoints
+
+    def save(self, directory: Path) -> None:
+        """``verl_actor/`` (verl's FSDP checkpoint + ``huggingface/``), the rollout RNG and the weight version."""
+        directory = Path(directory)
+        with self._lock:
+            directory.mkdir(parents=True, exist_ok=True)
+            if self.actor is not None:
+                self.actor.save_checkpoint(str(directory / ACTOR_DIR), None, self.weight_version, None)
+            torch.save({"generator": self.rollout.generator.get_state()}, directory / RNG_FILE)
+            state = {"backend": "verl", "weight_version": self.weight_version, "world_size": 1}
+            (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    def load(self, directory: Path) -> None:
+        """Restore what :meth:`save` wrote and sync the rollout, so generation continues bit-identically."""
+        directory = Path(directory)
+        with self._lock:
+            try:
+                state = json.loads((directory / STATE_FILE).read_text())
+                rng = torch.load(directory / RNG_FILE, weights_only=True)
+            except (OSError, ValueError, RuntimeError) as exc:
+                raise UserError(f"not a verl group checkpoint ({exc})", where=str(directory)) from None
+            if self.actor is not None:
+                self.actor.load_checkpoint(str(directory / ACTOR_DIR), None, False)
+            self.weight_version = int(state["weight_version"])
+            self.rollout.generator.set_state(rng["generator"])
+            if self.actor is not None:
+                self.sync_weights()

@@ -1,0 +1,183 @@
+"""The verl backend's settings (``models.<group>.options``) and their translation into verl's dataclass configs.
+
+unimas names stay the user-facing surface; this is the one module that knows
+how they map onto verl 0.9.1's ``HFModelConfig``, ``FSDPEngineConfig``,
+``FSDPOptimizerConfig``, ``RolloutConfig`` and ``TrainingWorkerConfig``.
+Experts can set any verl field the mapping does not cover through
+``overrides.<section>`` (applied last, unchecked by unimas, checked by verl).
+
+verl imports are lazy, so validating a config never imports verl.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from unimas.config import OptimConfig
+from unimas.groups.base import GroupSpec
+from unimas.groups.torch.options import TinyModelConfig, TorchOptions
+
+ROLLOUT_NAMES = {"hf": "unimas_hf", "vllm": "vllm"}
+"""unimas rollout name -> the key verl's rollout registries know it by."""
+
+PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+class VerlOverrides(BaseModel):
+    """Raw verl fields per config section, applied after the translation (for experts)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: dict[str, Any] = Field(default_factory=dict, description="verl HFModelConfig fields")
+    engine: dict[str, Any] = Field(default_factory=dict, description="verl FSDPEngineConfig fields")
+    optimizer: dict[str, Any] = Field(default_factory=dict, description="verl FSDPOptimizerConfig fields")
+    rollout: dict[str, Any] = Field(default_factory=dict, description="verl RolloutConfig fields")
+
+
+class VerlOptions(BaseModel):
+    """Where the weights come from, how verl's FSDP2 engine trains them, and which rollout generates."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    path: Optional[str] = Field(None, description="local Hugging Face model directory (never downloaded)")
+    tiny: Optional[TinyModelConfig] = Field(None, description="build a small random-init model from this spec")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype of the FSDP2 engine "
+                                                  "(weights and optimiser stay float32)")
+    strategy: Literal["fsdp2", "fsdp"] = Field("fsdp2", description="verl engine; `fsdp` (FSDP1) needs a GPU")
+    rollout: Literal["hf", "vllm"] = Field("hf", description="generation: `hf` = unimas's in-process rollout "
+                                           "(CPU or GPU), `vllm` = verl's vLLM servers (GPU, `unimas[gpu]`)")
+    rollout_mode: Literal["hybrid", "standalone"] = Field(
+        "hybrid", description="hybrid = rollout shares the trainer's devices; standalone = its own GPUs")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of GPU memory for the vLLM cache")
+    remove_padding: bool = Field(True, description="verl remove-padding (packed sequences) forward")
+    dynamic_batch_size: bool = Field(False, description="micro-batches by token budget (log-prob passes)")
+    max_token_len_per_gpu: int = Field(16384, ge=1, description="token budget per micro-batch (dynamic batch size)")
+    sync_tolerance: float = Field(1e-5, ge=0, description="largest |rollout - trainer| log-prob after a weight "
+                                  "sync; above it the update fails (float32; raise it for bfloat16)")
+    overrides: VerlOverrides = Field(default_factory=VerlOverrides, description="raw verl config fields")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_source(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            given = [key for key in ("path", "tiny") if data.get(key) is not None]
+            if len(given) != 1:
+                raise ValueError("give exactly one of 'path' (local Hugging Face dir) or 'tiny' (built from a spec); "
+                                 f"got {' and '.join(given) if given else 'none'}")
+        return data
+
+    @model_validator(mode="after")
+    def _path_is_model_dir(self) -> "VerlOptions":
+        if self.path is not None:
+            TorchOptions(path=self.path)  # the torch backend's check and message for a bad directory
+        return self
+
+    @property
+    def max_positions(self) -> Optional[int]:
+        return self.tiny.max_positions if self.tiny is not None else None
+
+    @property
+    def alphabet(self) -> Optional[str]:
+        return self.tiny.alphabet if self.tiny is not None else None
+
+    def source(self) -> TorchOptions:
+        """The same weights source as torch-backend options (reuses its loaders)."""
+        return TorchOptions(path=self.path, tiny=self.tiny)
+
+
+def _apply(target: Any, fields: dict[str, Any]) -> Any:
+    for key, value in fields.items():
+        if not hasattr(target, key):
+            raise ValueError(f"verl {type(target).__name__} has no field '{key}'")
+        object.__setattr__(target, key, value)
+    return target
+
+
+def model_config(options: VerlOptions, model_dir: str):
+    """verl's view of the weights: an HF dir, sdpa attention (no flash-attn on CPU), no gradient checkpointing."""
+    from verl.workers.config import HFModelConfig
+
+    return _apply(HFModelConfig(path=model_dir, use_remove_padding=options.remove_padding,
+                                override_config={"attn_implementation": "sdpa"},
+                                enable_gradient_checkpointing=False), options.overrides.model)
+
+
+def engine_config(options: VerlOptions, seed: int, forward_only: bool = False):
+    """FSDP2 with float32 master weights and ``options.dtype`` compute."""
+    from verl.workers.config import FSDPEngineConfig
+
+    dtype = PRECISION[options.dtype]
+    mixed = {"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"}
+    budget = options.max_token_len_per_gpu
+    return _apply(FSDPEngineConfig(strategy=options.strategy, forward_only=forward_only, param_offload=False,
+                                   optimizer_offload=False, use_dynamic_bsz=options.dynamic_batch_size,
+                                   max_token_len_per_gpu=budget, infer_max_token_len_per_gpu=budget,
+                                   micro_batch_size_per_gpu=1, infer_micro_batch_size_per_gpu=64,
+                                   model_dtype="fp32", mixed_precision=mixed, use_torch_compile=False, seed=seed),
+                  options.overrides.engine)
+
+
+def optimizer_config(optim: OptimConfig, options: VerlOptions, total_updates: int):
+    """AdamW with unimas's rate, betas, decay, clipping and (constant or cosine) schedule."""
+    from verl.workers.config import FSDPOptimizerConfig
+
+    return _apply(FSDPOptimizerConfig(lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas),
+                                      clip_grad=optim.grad_clip, lr_warmup_steps=optim.warmup_steps,
+                                      lr_scheduler_type=optim.schedule, min_lr_ratio=optim.min_lr_ratio,
+                                      total_training_steps=max(total_updates, 1)), options.overrides.optimizer)
+
+
+def server_prefix(group: str) -> str:
+    """The per-group prefix of rollout server names (``rollout.custom.server_name_prefix``)."""
+    return f"unimas_{group}_"
+
+
+def rollout_config(spec: GroupSpec, options: VerlOptions):
+    """verl's rollout settings; the group name travels in ``custom`` so servers and sockets are per group."""
+    from verl.workers.config import RolloutConfig
+
+    return _apply(RolloutConfig(name=ROLLOUT_NAMES[options.rollout], mode="async",
+                                tensor_model_parallel_size=options.tensor_parallel_size,
+                                gpu_memory_utilization=options.gpu_memory_utilization, seed=spec.seed,
+                                dtype="bfloat16" if options.dtype == "bfloat16" else "float32",
+                                load_format="dummy", free_cache_engine=True,
+                                custom={"server_name_prefix": server_prefix(spec.name), "group": spec.name}),
+                  options.overrides.rollout)
+
+
+@dataclass
+class VerlConfigs:
+    """Everything verl needs to host one unimas model group."""
+
+    actor: Any
+    """TrainingWorkerConfig of the trained model."""
+    reference: Optional[Any]
+    """TrainingWorkerConfig of the frozen KL reference (forward only); None without a KL term."""
+    rollout: Any
+    """RolloutConfig."""
+
+
+def translate(spec: GroupSpec, model_dir: str) -> VerlConfigs:
+    """The verl configs for ``spec``, whose weights and tokenizer are in ``model_dir``."""
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import TrainingWorkerConfig
+
+    options: VerlOptions = spec.options
+    checkpoints = CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"],
+                                   load_contents=["model", "optimizer", "extra"])
+
+    def worker(forward_only: bool):
+        return TrainingWorkerConfig(
+            model_type="language_model", model_config=model_config(options, model_dir),
+            engine_config=engine_config(options, spec.seed, forward_only),
+            optimizer_config=None if forward_only else optimizer_config(spec.config.optim, options,
+                                                                       spec.total_updates),
+            checkpoint_config=checkpoints)
+
+    reference = worker(True) if spec.config.trainable and spec.algorithm.kl_coef > 0 else None
+    return VerlConfigs(actor=worker(not spec.config.trainable), reference=reference,
+                       rollout=rollout_config(spec, options))

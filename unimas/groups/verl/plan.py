@@ -1,0 +1,105 @@
+"""What `unimas validate` and `train --dry-run` check and print for verl groups (no verl import).
+
+A verl group runs its trainer (FSDP2 engine) and its rollout either on the
+same devices (``hybrid``, the only layout that fits several groups on one
+GPU: fractional ``resources.gpus`` share it) or on separate ones
+(``standalone``). This module turns the config into that plan and refuses
+mixes the backend cannot run, each problem naming its config field.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import ValidationError
+
+from unimas.config import ExperimentConfig, ModelGroupConfig
+from unimas.groups.verl.options import VerlOptions
+
+BACKEND = "verl"
+MAX_SHARED_MEMORY = 0.9
+"""Largest sum of vLLM memory fractions of the groups sharing one GPU (the trainers need the rest)."""
+
+
+def _options(group: ModelGroupConfig) -> VerlOptions | None:
+    try:
+        return VerlOptions.model_validate(group.options)
+    except ValidationError:
+        return None  # reported by the generic options check
+
+
+def verl_groups(config: ExperimentConfig) -> dict[str, VerlOptions]:
+    """The verl groups whose options are valid, by name."""
+    found = {name: _options(group) for name, group in sorted(config.models.items()) if group.backend == BACKEND}
+    return {name: options for name, options in found.items() if options is not None}
+
+
+def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, adapters: list[str],
+                   gpu_present: bool) -> list[tuple[str, str]]:
+    """(config field, problem) for one group; ``gpu_present``: this process sees a GPU (build time)."""
+    where = f"models.{name}"
+    gpus = group.resources.gpus
+    on_cpu = gpus == 0 or not gpu_present
+    problems = []
+    if options.strategy == "fsdp" and on_cpu:
+        problems.append((f"{where}.options.strategy", "verl's FSDP1 engine cannot run on CPU (it hard-codes a CUDA "
+                         "device); use strategy: fsdp2, or give the group resources.gpus"))
+    if options.rollout == "vllm" and on_cpu:
+        problems.append((f"{where}.options.rollout", "the vLLM rollout needs a GPU (resources.gpus > 0 and the "
+                         "unimas[gpu] install); use rollout: hf on CPU"))
+    if options.rollout == "vllm" and options.tensor_parallel_size > max(1, math.floor(gpus)):
+        problems.append((f"{where}.options.tensor_parallel_size", f"tensor-parallel size "
+                         f"{options.tensor_parallel_size} needs that many whole GPUs; the group has {gpus:g}"))
+    if gpus > 1:
+        problems.append((f"{where}.resources.gpus", "a verl group runs its engine in-process on one device; "
+                         "data-parallel groups over several GPUs (verl worker groups on Ray) are not implemented "
+                         "yet: give each group at most 1 GPU"))
+    if len(adapters) > 1:
+        problems.append((f"{where}.lora", f"roles give model group '{name}' {len(adapters)} LoRA adapters "
+                         f"({', '.join(adapters)}); verl trains at most one per model, so split the roles over "
+                         "several verl groups or use backend: torch"))
+    elif adapters:
+        problems.append(("roles.*.adapter", f"LoRA adapters on model group '{name}' are not supported by the "
+                         "verl backend yet; train the full model (drop the role's adapter) or use backend: torch"))
+    if group.optim.schedule == "linear":
+        problems.append((f"{where}.optim.schedule", "verl has constant and cosine schedules only"))
+    if options.rollout_mode == "standalone":
+        problems.append((f"{where}.options.rollout_mode", "standalone rollout (own GPUs, NCCL weight sync) is not "
+                         "implemented yet; use hybrid"))
+    return problems
+
+
+def _adapters(config: ExperimentConfig, group: str) -> list[str]:
+    return sorted({r.adapter for r in config.roles.values() if r.model == group and r.adapter})
+
+
+def config_problems(config: ExperimentConfig) -> list[tuple[str, str]]:
+    """Every verl problem of the config, planned as if each group with ``resources.gpus`` gets its GPU."""
+    groups = verl_groups(config)
+    problems = []
+    for name, options in groups.items():
+        group = config.models[name]
+        problems += group_problems(name, group, options, _adapters(config, name), gpu_present=True)
+    shared = {name: options for name, options in groups.items()
+              if 0 < config.models[name].resources.gpus < 1 and options.rollout == "vllm"}
+    total = sum(options.gpu_memory_utilization for options in shared.values())
+    if len(shared) > 1 and total > MAX_SHARED_MEMORY + 1e-9:
+        problems.append(("models.*.options.gpu_memory_utilization", f"the vLLM rollouts sharing one GPU "
+                         f"({', '.join(shared)}) ask for {total:.2f} of its memory together; keep the sum at or "
+                         f"below {MAX_SHARED_MEMORY} so their trainers fit beside them"))
+    return problems
+
+
+def plan_lines(config: ExperimentConfig) -> list[str]:
+    """One line per verl group: engine, rollout, layout, devices; for the placement plan."""
+    lines = []
+    for name, options in verl_groups(config).items():
+        gpus = config.models[name].resources.gpus
+        device = "CPU (gloo)" if gpus == 0 else ("a shared GPU" if gpus < 1 else f"{gpus:g} GPU")
+        rollout = options.rollout
+        if rollout == "vllm":
+            rollout += (f" TP {options.tensor_parallel_size}, memory fraction {options.gpu_memory_utilization:g}")
+        trained = "trained" if config.models[name].trainable else "frozen"
+        lines.append(f"  verl group {name}: {trained}, {options.strategy} engine on {device}, rollout {rollout} "
+                     f"({options.rollout_mode}: colocated with its trainer), weight sync after every update")
+    return lines

@@ -1,0 +1,53 @@
+"""Prompt ids for a verl group's requests: the torch backend's rendering rules, without its model.
+
+Plain prompts, chat templates and continued conversations render exactly as
+in the torch backend (``unimas.groups.torch.chat``), so a role behaves the
+same on either backend; prompts too long for the context are cut from the
+left when the role allows it and refused otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from transformers import PreTrainedTokenizerBase
+
+from unimas.errors import UserError
+from unimas.groups.base import GenRequest
+from unimas.groups.torch import chat
+from unimas.groups.torch.chars import check_known
+
+log = logging.getLogger(__name__)
+
+
+def render(tokenizer: PreTrainedTokenizerBase, request: GenRequest, group: str, max_positions: Optional[int],
+           fallback_id: int) -> chat.RenderedPrompt:
+    """The request's prompt ids; ``truncated`` set when they do not fit with the new tokens."""
+    templated = bool(request.messages) and request.use_chat_template and chat.has_chat_template(tokenizer)
+    if request.continuation is None and not templated:
+        prompt = chat.RenderedPrompt(tokenizer(request.prompt, add_special_tokens=True)["input_ids"], "",
+                                     continued=False)
+    else:
+        renderer = chat.render_chat if templated else chat.render_plain
+        prompt = renderer(tokenizer, request.messages or [], request.continuation)
+    try:
+        check_known(tokenizer, prompt.text or request.prompt, prompt.ids)
+    except ValueError as exc:
+        raise UserError(f"{exc}; add them to models.{group}.options.tiny.alphabet (a tiny model) or change the "
+                        "role's system, template or task data", where=f"model group '{group}'") from None
+    if not prompt.ids:
+        prompt.ids = [fallback_id]
+    reserve = request.generation.max_new_tokens
+    if max_positions is None:
+        return prompt
+    limit = max_positions - reserve
+    if limit < 1:
+        raise UserError(f"{reserve} new tokens do not fit ({max_positions} positions); lower the role's "
+                        "generation.max_new_tokens", where=f"model group '{group}'")
+    if len(prompt.ids) > limit:
+        prompt.truncated = True
+        if request.allow_truncation:
+            log.warning("model group '%s': prompt of %d tokens cut to its last %d", group, len(prompt.ids), limit)
+            prompt.ids = prompt.ids[-limit:]
+    return prompt
