@@ -97,7 +97,8 @@ def save_group(group: "TorchModelGroup", directory: Path) -> None:
     if group.optimizer is not None:
         torch.save(group.optimizer.state_dict(), directory / OPTIMIZER_FILE)
         torch.save(group.scheduler.state_dict(), directory / SCHEDULER_FILE)
-    torch.save({"generator": group.generator.get_state()}, directory / RNG_FILE)
+    torch.save({"generator": group.generator.get_state(), "weight_version": group.weight_version},
+               directory / RNG_FILE)
 
 
 def load_group(group: "TorchModelGroup", directory: Path) -> None:
@@ -118,7 +119,9 @@ def load_group(group: "TorchModelGroup", directory: Path) -> None:
         apply_optim_config(group)
     if (directory / RNG_FILE).exists():  # absent in a weights-only snapshot: the group keeps its own stream
         with reading(directory / RNG_FILE):
-            group.generator.set_state(load_tensors(directory / RNG_FILE, "cpu")["generator"])
+            state = load_tensors(directory / RNG_FILE, "cpu")
+            group.generator.set_state(state["generator"])
+            group.weight_version = int(state.get("weight_version", 0))  # absent: saved before versions counted
 
 
 def keep_weights_only(directory: Path) -> None:

@@ -111,49 +111,33 @@ def is_stale(group: "TorchModelGroup", turn: TrainTurn) -> bool:
     return turn.weight_version is not None and turn.weight_version < group.weight_version
 
 
-def old_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTurn], chunk: int) -> list[list[float]]:
+def old_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTurn], chunk: int,
+                 defer_stale: bool = False) -> list[Optional[list[float]]]:
     """The "old policy" log-probs of each turn: as reported at sampling when exact, else recomputed now.
 
     Recomputation (for turns sampled with top-k / top-p, whose log-probs do
     not match their tokens, or sampled by older weights) happens once, before
     the first epoch, with the current weights in eval mode, ``chunk`` turns
     per forward. For a stale turn this is the *proximal* policy of decoupled
-    PPO: the clip acts around the current weights, and
-    :func:`importance_weights` corrects for the older behaviour policy.
+    PPO: the clip acts around the current weights while the truncated
+    importance ratio corrects for the older behaviour policy (see
+    :func:`ppo_step`). ``defer_stale`` (one optimiser step per update): a stale
+    turn's row is None, because that step's own forward, taken before it
+    changes the weights, is the proximal policy: no extra pass.
     """
     rows: list[Optional[list[float]]] = [
         list(t.rollout_logprobs) if t.rollout_logprobs_exact and len(t.rollout_logprobs) == len(t.response_ids)
         and not is_stale(group, t) else None
         for t in turns
     ]
-    stale = [i for i, row in enumerate(rows) if row is None]
-    for begin in range(0, len(stale), chunk):
-        part = [turns[i] for i in stale[begin: begin + chunk]]
+    redo = [i for i, row in enumerate(rows) if row is None and not (defer_stale and is_stale(group, turns[i]))]
+    for begin in range(0, len(redo), chunk):
+        part = [turns[i] for i in redo[begin: begin + chunk]]
         with torch.inference_mode():
             logp, _, _ = group.response_logprobs(group.model, part, [t.adapter for t in part])
-        for i, turn, values in zip(stale[begin: begin + chunk], part, logp.tolist()):
+        for i, turn, values in zip(redo[begin: begin + chunk], part, logp.tolist()):
             rows[i] = values[: len(turn.response_ids)]
-    return rows  # type: ignore[return-value]
-
-
-def importance_weights(group: "TorchModelGroup", turns: Sequence[TrainTurn],
-                       old: list[list[float]]) -> Optional[list[list[float]]]:
-    """Per token of each stale turn: min(proximal / behaviour probability, ``algorithm.importance_cap``).
-
-    The behaviour log-probs are the ones recorded at sampling; 1 for fresh
-    turns. None when no turn is stale (the synchronous loop: nothing changes).
-    """
-    if not any(is_stale(group, t) for t in turns):
-        return None
-    cap = group.spec.algorithm.importance_cap
-    weights = []
-    for turn, proximal in zip(turns, old):
-        if not (is_stale(group, turn) and len(turn.rollout_logprobs) == len(turn.response_ids)):
-            weights.append([1.0] * len(turn.response_ids))
-            continue
-        ratio = (torch.tensor(proximal) - torch.tensor(turn.rollout_logprobs, dtype=torch.float32)).exp()
-        weights.append(ratio.clamp(max=cap).tolist())
-    return weights
+    return rows
 
 
 def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torch.optim.Optimizer) -> dict[str, float]:
@@ -166,8 +150,9 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
             raise ValueError("every turn needs a non-empty response")
     start = time.perf_counter()
     size = algorithm.mini_batch_size or len(turns)
-    old = old_logprobs(group, turns, size)
-    weights = importance_weights(group, turns, old)
+    old = old_logprobs(group, turns, size, defer_stale=size >= len(turns) and algorithm.ppo_epochs == 1)
+    behaviour = [list(t.rollout_logprobs) if is_stale(group, t) and len(t.rollout_logprobs) == len(t.response_ids)
+                 else None for t in turns]
     sums: dict[str, float] = defaultdict(float)
     steps = 0
     mismatch = 0.0
@@ -181,7 +166,7 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
                 rows = order[begin: begin + size]
                 batch = [turns[i] for i in rows]
                 step = ppo_step(group, batch, [old[i] for i in rows], algorithm, optimizer, check_rollout=steps == 0,
-                                weights=None if weights is None else [weights[i] for i in rows])
+                                behaviour=[behaviour[i] for i in rows])
                 mismatch = max(mismatch, step.pop("rollout_logprob_diff", 0.0))
                 for key, value in step.items():
                     sums[key] += value
@@ -196,9 +181,7 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
                     "(tolerance %.0e): the trained ids or the sampling distribution differ from what was sampled",
                     group.name, mismatch, tolerance)
     metrics["tokens"] = float(sum(len(t.response_ids) for t in turns))
-    stale = [w for t, w in zip(turns, weights or []) if is_stale(group, t)]
-    metrics["stale_turns"] = float(len(stale))
-    metrics["importance_weight"] = float(sum(map(sum, stale)) / sum(map(len, stale))) if stale else 1.0
+    metrics["stale_turns"] = float(sum(b is not None for b in behaviour))
     metrics["update_time_s"] = time.perf_counter() - start
     return metrics
 
@@ -206,11 +189,11 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
 def ppo_step(
     group: "TorchModelGroup",
     turns: list[TrainTurn],
-    old: list[list[float]],
+    old: list[Optional[list[float]]],
     algorithm: AlgorithmConfig,
     optimizer: torch.optim.Optimizer,
     check_rollout: bool = False,
-    weights: Optional[list[list[float]]] = None,
+    behaviour: Optional[list[Optional[list[float]]]] = None,
 ) -> dict[str, float]:
     """One optimiser step on one mini-batch.
 
@@ -218,18 +201,33 @@ def ppo_step(
     sampled): report how far the recomputed log-probs of turns with exact
     rollout log-probs are from the sampled ones — a token mismatch between
     what was sampled and what is trained shows up here.
+
+    ``behaviour``: per turn, the log-probs recorded when an older weight
+    version sampled it (None: sampled by the current weights). Such a turn's
+    per-token advantage is multiplied by min(proximal / behaviour probability,
+    ``algorithm.importance_cap``), the truncated importance ratio; an ``old``
+    row of None takes this forward's own log-probs as the proximal policy.
     """
     logp, entropy, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns], entropy=True)
     if algorithm.entropy_coef <= 0:
         entropy = entropy.detach()
-    old_logp = pad_rows(old, mask.shape[1], group.device)
+    width = mask.shape[1]
+    old_logp = pad_rows([row if row is not None else [] for row in old], width, group.device)
+    deferred = [i for i, row in enumerate(old) if row is None]
+    if deferred:
+        old_logp[deferred] = logp.detach()[deferred]
     diff = {}
     if check_rollout:
         exact = torch.tensor([t.rollout_logprobs_exact for t in turns], device=group.device)[:, None] * mask
         diff["rollout_logprob_diff"] = float(((logp.detach() - old_logp).abs() * exact).max()) if exact.any() else 0.0
     advantages = torch.tensor([float(t.advantage) for t in turns], device=group.device)[:, None] * mask
-    if weights is not None:  # stale turns: truncated importance ratio proximal / behaviour, per token
-        advantages = advantages * pad_rows(weights, mask.shape[1], group.device)
+    stale = [i for i, row in enumerate(behaviour or []) if row is not None]
+    diff["importance_weight"] = 1.0
+    if stale:
+        recorded = pad_rows([behaviour[i] for i in stale], width, group.device)
+        ratio = (old_logp[stale] - recorded).exp().clamp(max=algorithm.importance_cap)
+        advantages[stale] = advantages[stale] * ratio
+        diff["importance_weight"] = float((ratio * mask[stale]).sum() / mask[stale].sum())
     reference = group.reference_logprobs(turns) if algorithm.kl_coef > 0 else None
     loss, metrics = algorithms.compose_loss(group.spec.policy_loss, algorithm, log_prob=logp, old_log_prob=old_logp,
                                             advantages=advantages, response_mask=mask, entropy=entropy,

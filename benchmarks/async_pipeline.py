@@ -1,0 +1,172 @@
+"""Asynchronous pipeline vs the synchronous loop: `python benchmarks/async_pipeline.py`.
+
+Two CPU tasks: the 2-role signalling game (``quickstart``: speaker and
+listener on one shared tiny model) and the 3-role relay of
+``benchmarks/overhead.py`` (speaker -> relay -> listener, one model each).
+Each runs ``--steps`` training steps with ``algorithm.max_staleness`` 0 (the
+synchronous loop), 1 and 2, from the same seed, so every variant samples the
+same number of episodes (equal sampled tokens up to response lengths).
+
+Throughput is trained tokens per second of wall time over the steps (sum of
+``group/<g>/tokens`` / elapsed, the pipeline's warm-up included). Final
+reward is the mean ``reward/mean`` of the last quarter of the steps.
+Repetitions interleave the variants (0 1 2, then 2 1 0, ...), each
+repetition with its own seed; the table gives medians over repetitions, the
+per-repetition ratio async / sync (median, min-max) and the final reward's
+mean ± std over seeds (the seed noise the async reward is compared with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (  # noqa: E402
+    Phases,
+    build_unimas,
+    machine_line,
+    markdown_table,
+    median,
+    quiet_environment,
+    setup_torch,
+    warm_verl,
+)
+from benchmarks.overhead import relay_config  # noqa: E402
+
+TASKS = ("2-role", "3-role")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: for the test suite")
+    p.add_argument("--steps", type=int, default=40, help="training steps per run")
+    p.add_argument("--repeats", type=int, default=3, help="runs per variant (seeds 0..repeats-1), interleaved")
+    p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    p.add_argument("--tasks-per-step", type=int, default=8)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=4, help="3-role relay: tokens per turn")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (the pipeline adds Python threads)")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.steps, args.repeats, args.tasks_per_step, args.group, args.hidden = 3, 1, 2, 2, 32
+    return args
+
+
+def task_config(task: str, staleness: int, seed: int, args: argparse.Namespace) -> dict:
+    if task == "3-role":
+        tree = relay_config("separate", argparse.Namespace(**{**vars(args), "tasks": args.tasks_per_step,
+                                                             "kl": 0.0}), seed)
+    else:
+        tiny = {"architecture": "qwen2", "alphabet": "SL:abcdefgh01234567", "hidden_size": args.hidden,
+                "num_layers": args.layers, "num_heads": 4, "init_std": 0.1, "tie_embeddings": False}
+        gen = {"max_new_tokens": 1, "temperature": 1.0, "require_eos": False}
+        tree = {
+            "name": "bench-async-signalling",
+            "models": {"shared": {"options": {"tiny": tiny}, "optim": {"lr": 0.001}}},
+            "roles": {"speaker": {"model": "shared", "template": "S:{target}", "generation": gen},
+                      "listener": {"model": "shared", "template": "L:{message}", "generation": gen}},
+            "workflow": {"name": "signalling"},
+            "data": {"name": "signalling", "params": {"targets": "abcdefgh"}},
+            "rewards": [{"name": "exact_match", "level": "trajectory"}],
+            "algorithm": {"group_size": args.group, "entropy_coef": 0.03},
+            "trainer": {"seed": seed, "tasks_per_step": args.tasks_per_step, "torch_threads": args.threads},
+            "logging": {"console": False, "report": False},
+        }
+    tree["algorithm"] = {**tree["algorithm"], "max_staleness": staleness}
+    tree["trainer"] = {**tree["trainer"], "steps": args.steps, "sample_trajectories": 0}
+    return tree
+
+
+def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root: Path) -> dict:
+    trainer, transport = build_unimas(task_config(task, staleness, seed, args), root / f"{task}-{staleness}-{seed}",
+                                      Phases())
+
+    async def steps() -> list[dict]:
+        records = []
+        try:
+            for step in range(args.steps):
+                records.append(await trainer.train_step(step))
+        finally:
+            await trainer.pipeline.close()
+        return records
+
+    started = time.perf_counter()
+    records = asyncio.run(steps())
+    elapsed = time.perf_counter() - started
+    transport.shutdown()
+    tokens = sum(v for r in records for k, v in r.items() if k.startswith("group/") and k.endswith("/tokens"))
+    tail = records[-max(1, len(records) // 4):]
+    return {"task": task, "staleness": staleness, "seed": seed, "elapsed_s": elapsed, "tokens": tokens,
+            "tokens_per_s": tokens / elapsed, "final_reward": statistics.fmean(r["reward/mean"] for r in tail),
+            "staleness_mean": statistics.fmean(v for r in records for k, v in r.items()
+                                               if k.endswith("/staleness_mean"))}
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    quiet_environment(args.threads)
+    setup_torch(args.threads)
+    warm_verl()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(args.repeats):
+            order = args.staleness if seed % 2 == 0 else args.staleness[::-1]
+            for task in args.tasks:
+                for staleness in order:
+                    results.append(one_run(task, staleness, seed, args, Path(tmp)))
+                    print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    return results
+
+
+def report(args: argparse.Namespace, results: list[dict]) -> str:
+    lines = [f"### Asynchronous pipeline vs synchronous loop — {args.steps} steps, "
+             f"{args.tasks_per_step * args.group} episodes per step",
+             "",
+             f"tiny Qwen2 h{args.hidden} L{args.layers}, {args.repeats} seed(s), variants interleaved. "
+             f"{machine_line(args.threads)}.",
+             "",
+             "tokens/s = trained tokens / wall time of the run; ratio = async / sync of the same seed "
+             "(median, min-max); final reward = mean reward/mean over the last quarter of the steps (mean ± std "
+             "over seeds).",
+             ""]
+    rows = []
+    for task in args.tasks:
+        runs = {s: [r for r in results if r["task"] == task and r["staleness"] == s] for s in args.staleness}
+        sync = {r["seed"]: r for r in runs.get(0, [])}
+        for staleness, mine in runs.items():
+            ratios = [r["tokens_per_s"] / sync[r["seed"]]["tokens_per_s"] for r in mine if r["seed"] in sync]
+            rewards = [r["final_reward"] for r in mine]
+            spread = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
+            rows.append([task, staleness, median(r["elapsed_s"] for r in mine),
+                         median(r["tokens_per_s"] for r in mine),
+                         f"{median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-",
+                         f"{statistics.fmean(rewards):.3f} ± {spread:.3f}",
+                         median(r["staleness_mean"] for r in mine)])
+    lines.append(markdown_table(["task", "max_staleness", "run s", "trained tokens/s", "ratio vs sync",
+                                 "final reward", "mean staleness"], rows))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    results = run(args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(report(args, results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
