@@ -248,6 +248,13 @@ class RewardConfig(Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward function")
 
 
+class AlgorithmPlugin(Strict):
+    """A registered algorithm plugin (rollout control, replay, update order or credit shaper) and its parameters."""
+
+    name: str = Field(..., description="registered name (`unimas plugins` lists them)")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the plugin's factory")
+
+
 class AlgorithmConfig(Strict):
     """Credit assignment and the policy update (names resolve in plugins, then verl's registries)."""
 
@@ -268,6 +275,14 @@ class AlgorithmConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, description="passes over a step's turns")
     mini_batch_size: int = Field(0, ge=0, description="turns per optimiser step; 0 = whole batch")
     gamma: float = Field(1.0, ge=0, le=1, description="discount handed to the estimator (verl `AlgoConfig.gamma`)")
+    rollout: Optional[AlgorithmPlugin] = Field(None, description="rollout control: which episodes to fork, where, "
+                                               "how many per task (null = `group_size` independent episodes)")
+    replay: Optional[AlgorithmPlugin] = Field(None, description="replay buffer: earlier episodes mixed into a step's "
+                                              "groups (null = none)")
+    update_order: Optional[AlgorithmPlugin] = Field(None, description="order of the model groups' updates "
+                                                    "(null = all in parallel)")
+    credit: Optional[AlgorithmPlugin] = Field(None, description="credit shaper: per-turn signal and group keys "
+                                              "handed to the estimator (null = summed reward, `grouping` keys)")
     max_staleness: int = Field(0, ge=0, description="asynchronous pipeline: most weight versions a trained turn may "
                                "lag its group (rollouts run that many steps ahead of updates); 0 = synchronous")
     stale_turns: Literal["drop", "reweight"] = Field(

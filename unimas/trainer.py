@@ -39,9 +39,11 @@ from unimas.metrics import (
     throughput_metrics,
 )
 from unimas.pipeline import RolloutPipeline, WeightVersions, pipeline_depth
+from unimas.rollout import Rollout
 from unimas.rundir import RunDir, mark_complete, read_trainer_state, write_trainer_state
 from unimas.snapshots import SnapshotPools
 from unimas.trajectory import GraphTrajectory, write_jsonl
+from unimas.update_order import execution_order, update_groups
 
 T = TypeVar("T")
 
@@ -60,6 +62,7 @@ class Trainer:
                                      tool_timeout_s=runtime.tool_timeout_s, episode_timeout_s=runtime.episode_timeout_s,
                                      parsers=experiment.parsers)
         self.credit = CreditAssigner(self.config, experiment.rewards, experiment.estimator)
+        self.rollout = Rollout.from_experiment(experiment, self.controller, self.credit)
         self.snapshots = SnapshotPools(self.config, transport, run_dir)
         self.train_tasks = experiment.tasks("train")
         self.eval_tasks = experiment.tasks("eval")[: self.config.trainer.eval_size]
@@ -84,7 +87,7 @@ class Trainer:
 
     async def _collect(self, step: int) -> list[GraphTrajectory]:
         """The episodes of step ``step``; the pipeline calls it, ahead of the step when it runs asynchronously."""
-        trajectories = await self.controller.run(self._step_specs(step))
+        trajectories = await self.rollout.collect(self._step_specs(step), step)
         return trajectories
 
     # -- one training step: episodes -> credit -> group updates -> metrics ---
@@ -150,9 +153,11 @@ class Trainer:
                 temperature=role.generation.temperature or 1.0, adapter=role.adapter,
                 weight_version=c.turn.weight_version,
             ))
-        groups = sorted(turns_by_group)
-        results = await asyncio.gather(*(self.transport.update(g, turns_by_group[g]) for g in groups))
-        return {f"group/{g}/{k}": v for g, stats in zip(groups, results) for k, v in stats.items()}
+        roles_by_group = {g: [c.turn.role for c in credited if self.config.roles[c.turn.role].model == g]
+                          for g in turns_by_group}
+        results = await update_groups(self.transport, turns_by_group, roles_by_group, self.rollout.update_order,
+                                      execution_order([(c.turn.started, c.turn.role) for c in credited]))
+        return {f"group/{g}/{k}": v for g, stats in sorted(results.items()) for k, v in stats.items()}
 
     def _sample_trajectories(self, trajectories: list[GraphTrajectory], step: int) -> None:
         count = self.config.trainer.sample_trajectories

@@ -39,8 +39,6 @@ class TurnNode:
     """The group's word that ``logprobs`` are its training distribution (see ``GenResult``)."""
     weight_version: Optional[int] = None
     """How many updates the group had made when it sampled this turn (None: the backend does not say)."""
-    weight_version: Optional[int] = None
-    """How many updates the group had made when it sampled this turn (None: the backend does not say)."""
     finished: bool = True
     parsed: Any = None
     """The role parser's answer (a string, or e.g. a dict for the json parser); None on a parse error."""
@@ -50,6 +48,10 @@ class TurnNode:
     ended: float = 0.0
     reward: Optional[float] = None
     advantage: Optional[float] = None
+    replayed: bool = False
+    """Copied token for token from the parent episode of a fork (not sampled; never trained twice)."""
+    staleness: int = 0
+    """Steps between sampling this turn and training on it (0 = this step; >0 = mixed in from replay)."""
     kind: str = "turn"
 
 
@@ -82,6 +84,10 @@ class GraphTrajectory:
     started: float = 0.0
     ended: float = 0.0
     graph: nx.DiGraph = field(default_factory=nx.DiGraph)
+    forked_from: Optional[str] = None
+    """Episode id of the parent when this episode was forked from a recorded one (see unimas.controller.forking)."""
+    fork_turn: Optional[str] = None
+    """Id of the first freshly sampled turn of a fork; the turns before it were replayed from the parent."""
     exception: Optional[BaseException] = field(default=None, repr=False, compare=False)
     """The exception behind ``error`` (not serialised): ``--debug`` shows its traceback."""
     _in_order: list[Node] = field(default_factory=list, repr=False, compare=False)
@@ -133,6 +139,8 @@ class GraphTrajectory:
             "rewards": self.rewards,
             "started": self.started,
             "ended": self.ended,
+            "forked_from": self.forked_from,
+            "fork_turn": self.fork_turn,
             "nodes": [asdict(node) for node in self._in_order],
             "edges": [[a, b] for a, b in self.graph.edges],
         }
@@ -144,7 +152,8 @@ class GraphTrajectory:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "GraphTrajectory":
         traj = cls(**{k: data[k] for k in ("episode_id", "task_id", "task", "outcome", "error",
-                                             "rewards", "started", "ended")})
+                                             "rewards", "started", "ended")},
+                   forked_from=data.get("forked_from"), fork_turn=data.get("fork_turn"))
         for raw in data["nodes"]:
             node_cls = TurnNode if raw["kind"] == "turn" else ToolNode
             known = {f.name for f in fields(node_cls)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from unimas.config import RoleConfig
 from unimas.controller.conversation import conversation
@@ -22,6 +22,9 @@ from unimas.errors import ParseError, UserError, describe
 from unimas.groups.base import GenRequest
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 from unimas.workflow.templates import render
+
+if TYPE_CHECKING:
+    from unimas.controller.forking import ReplayPrefix
 
 
 def node_value(value: Any) -> Any:
@@ -48,6 +51,7 @@ class EpisodeContext:
         greedy: bool = False,
         tool_timeout_s: float = 60.0,
         parsers: Mapping[str, Callable[[str], Any]] | None = None,
+        prefix: "ReplayPrefix | None" = None,
     ):
         self.trajectory = trajectory
         self.task = trajectory.task
@@ -57,6 +61,8 @@ class EpisodeContext:
         self._greedy = greedy
         self._tool_timeout_s = tool_timeout_s
         self._parsers = parsers or {}
+        self._prefix = prefix
+        """A fork's recorded turns: ``act`` returns them instead of sampling (token-exact replay)."""
         self._role_counts: dict[str, int] = {}
         self._tool_counts: dict[str, int] = {}
 
@@ -84,14 +90,15 @@ class EpisodeContext:
                              messages=messages, continuation=continuation, use_chat_template=spec.chat != "off",
                              allow_truncation=spec.truncation == "left")
         started = time.perf_counter()
-        result = await self._router.submit(spec.model, request, episode=self.trajectory.episode_id)
+        replayed = self._prefix.result_for(f"{role}#{index}", user_text) if self._prefix is not None else None
+        result = replayed or await self._router.submit(spec.model, request, episode=self.trajectory.episode_id)
         node = TurnNode(
             id=f"{role}#{index}", role=role, model_group=spec.model, prompt=result.prompt_text or prompt,
             text=result.text, input=user_text, messages=messages if spec.memory != "none" else [],
             prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
             logprobs_exact=result.logprobs_exact, continued=result.continued, truncated=result.truncated,
             finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
-            weight_version=result.weight_version,
+            weight_version=result.weight_version, replayed=replayed is not None,
         )
         self.trajectory.add_node(node, self._consumed([*after, *seen], variables))
         if node.truncated and spec.truncation == "error":
