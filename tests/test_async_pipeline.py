@@ -100,3 +100,12 @@ def test_a_resume_trains_the_saved_pending_rollouts_and_loses_no_step(tmp_path, 
     history = [t[1:3] for t in first if step_of(t[1]) < 2] + [t[1:3] for t in second]
     assert len(history) == len(set(history))
     assert sorted({step_of(episode) for episode, _ in history}) == list(range(6))
+
+
+def test_the_async_benchmark_runs():
+    """``benchmarks/async_pipeline.py --smoke`` as a reader runs it; numbers are not asserted (shared machine)."""
+    from tests.test_benchmarks_smoke import run_benchmark, table_rows
+
+    rows = table_rows(run_benchmark("async_pipeline.py"), "task")
+    assert [(row[0], row[1]) for row in rows] == [(t, s) for t in ("2-role", "3-role") for s in "012"]
+    assert all(float(row[3].replace(",", "")) > 0 for row in rows)  # trained tokens/s
