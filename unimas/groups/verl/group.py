@@ -81,15 +81,15 @@ class VerlModelGroup(ModelGroup):
         self.max_positions = max_positions
         self._lock = threading.RLock()
         self.configs = translate(spec, model_dir)
-        self.actor = None
-        if self.trainable:
-            self.actor = TrainingWorker(self.configs.actor)
-            self.actor.reset()
-            self.actor.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
-        self.reference = None
-        if self.configs.reference is not None:
-            self.reference = TrainingWorker(self.configs.reference)
-            self.reference.reset()
+        self.actor = self.reference = None
+        with platform.rendezvous_environment():
+            if self.trainable:
+                self.actor = TrainingWorker(self.configs.actor)
+                self.actor.reset()
+                self.actor.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
+            if self.configs.reference is not None:
+                self.reference = TrainingWorker(self.configs.reference)
+                self.reference.reset()
         rollout.register()
         rollout_class = get_rollout_class(self.configs.rollout.name, self.configs.rollout.mode)
         self.rollout = rollout_class(config=self.configs.rollout, model_config=self.configs.actor.model_config)

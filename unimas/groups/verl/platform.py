@@ -25,6 +25,7 @@ import torch
 
 _lock = threading.Lock()
 _installed = False
+_port: int | None = None
 
 
 def on_gpu() -> bool:
@@ -157,11 +158,30 @@ def ensure_process_group() -> None:
 
     if dist.is_initialized():
         return
-    for key, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1")):
+    # verl reads the rank layout from the environment; the rendezvous address stays out of it, so that child
+    # processes (another unimas run) never inherit a port this process holds.
+    for key, value in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    dist.init_process_group(backend="nccl" if on_gpu() else "gloo", rank=0, world_size=1)
+    global _port
+    _port = _free_port()
+    dist.init_process_group(backend="nccl" if on_gpu() else "gloo", rank=0, world_size=1,
+                            init_method=f"tcp://127.0.0.1:{_port}")
+
+
+@contextlib.contextmanager
+def rendezvous_environment():
+    """``MASTER_ADDR``/``MASTER_PORT`` while verl's workers are built (they read them), then the old values."""
+    saved = {key: os.environ.get(key) for key in ("MASTER_ADDR", "MASTER_PORT")}
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_port or 0))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def skip_value_head_patch() -> None:

@@ -1,0 +1,67 @@
+"""`unimas train` on the verl quickstart (two verl groups): the pipeline runs, and a run killed with SIGKILL after
+a checkpoint resumes to exactly the uninterrupted run (metrics and the final weights of both groups)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import EXAMPLES, REPO
+from unimas.cli import main
+
+SETTINGS = ["trainer.steps=4", "trainer.save_every=2", "trainer.tasks_per_step=8", "trainer.stop_at_accuracy=null",
+            "trainer.eval_every=2", "logging.report=false", "logging.console=false"]
+VOLATILE = ("time/", "_time_s", "_per_s", "wall_s")
+CONFIG = str(EXAMPLES / "quickstart_verl.yaml")
+
+
+def args(run: Path, resume: bool = False) -> list[str]:
+    return ["train", CONFIG, "--run-dir", str(run), *(["--resume"] if resume else []),
+            *sum((["--set", s] for s in SETTINGS), [])]
+
+
+def stable_metrics(run: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(part in k for part in VOLATILE)} for r in records]
+
+
+def final_weights(run: Path, group: str) -> dict[str, torch.Tensor]:
+    path = run / "checkpoints" / "step_000004" / group / "verl_actor" / "model_world_size_1_rank_0.pt"
+    state = torch.load(path, weights_only=True)
+    return {key: value.full_tensor() if hasattr(value, "full_tensor") else value for key, value in state.items()}
+
+
+@pytest.mark.slow  # three runs of two verl groups: ~40 s on two cores
+def test_killed_after_a_checkpoint_the_run_resumes_to_the_uninterrupted_one(tmp_path):
+    straight = tmp_path / "straight"
+    assert main(args(straight)) == 0
+    expected = stable_metrics(straight)
+    assert [r["step"] for r in expected] == list(range(5))
+
+    run, log = tmp_path / "run", tmp_path / "run.log"
+    with open(log, "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "unimas.cli", *args(run)], cwd=REPO, stdout=out,
+                                   stderr=out, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    marker = run / "checkpoints" / "step_000002" / "COMPLETE"
+    deadline = time.monotonic() + 240
+    try:
+        while not marker.exists():
+            assert process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "checkpoint 2 never completed"
+            time.sleep(0.01)
+    finally:
+        process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL
+    assert main(args(run, resume=True)) == 0
+    assert stable_metrics(run) == expected
+    for group in ("speaker_model", "listener_model"):
+        weights, resumed = final_weights(straight, group), final_weights(run, group)
+        assert resumed.keys() == weights.keys() and all(torch.equal(resumed[k], weights[k]) for k in weights)
