@@ -12,7 +12,7 @@ advantages) knowing what the already-updated stages reported: their update
 statistics (``ppo_kl``, ``clip_frac``: how far their importance ratios moved).
 
 A group updated in several stages reports the mean of each statistic over
-its stages.
+its stages, except counters (:data:`COUNTERS`), which report the last stage's.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from typing import Mapping, Protocol, Sequence
 
 from unimas.groups.base import TrainTurn
 from unimas.groups.transport import Transport
+
+COUNTERS = frozenset({"weight_version"})
+"""Statistics that count updates: after several stages the last value is the group's state, not the mean."""
 
 
 class UpdateOrder(Protocol):
@@ -76,5 +79,5 @@ async def update_groups(transport: Transport, turns_by_group: Mapping[str, list[
         for group, stats in zip(groups, results):
             per_group[group].append(stats)
             done.update({role: stats for role in owners[group]})
-    return {group: {key: sum(s.get(key, 0.0) for s in runs) / len(runs) for key in runs[0]}
-            for group, runs in per_group.items()}
+    return {group: {key: runs[-1][key] if key in COUNTERS else sum(s.get(key, 0.0) for s in runs) / len(runs)
+                    for key in runs[0]} for group, runs in per_group.items()}
