@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", type=Path, help="checkpoint dir (checkpoints/step_N of a run)")
     evaluate.add_argument("--run-dir", type=Path, help="where to write results (default: new folder under runs/)")
 
+    serve = sub.add_parser("serve", help="serve a checkpoint's roles as an OpenAI-compatible API (docs/gateway.md)")
+    _config_args(serve)
+    serve.add_argument("--checkpoint", type=Path, help="checkpoint dir (checkpoints/step_N of a run); default: the "
+                                                       "config's initial weights")
+    serve.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one, printed)")
+
     report = sub.add_parser("report", help="write report.html and plots for a run directory")
     report.add_argument("run_dir", type=Path)
 

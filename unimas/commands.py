@@ -11,6 +11,7 @@ from unimas.config_file import dump_config, load_config
 from unimas.dry_run import describe_dry_run, dry_run
 from unimas.errors import UserError
 from unimas.experiment import Experiment
+from unimas.gateway.serve import serve
 from unimas.groups.placement import placement_plan
 from unimas.groups.transport import start_transport
 from unimas.loggers import build_loggers
@@ -113,6 +114,13 @@ async def _evaluate(trainer: Trainer, checkpoint) -> dict:
         step = await trainer.load_checkpoint(checkpoint)
     trainer.run_dir.config.write_text(dump_config(trainer.config))
     return {"step": step, **(await trainer.evaluate(step, strict=True))}
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    experiment = _prepare(args)
+    torch_setup(experiment.config.trainer.torch_threads, experiment.config.trainer.seed)
+    asyncio.run(serve(experiment.config, experiment.registry, args.checkpoint, port=args.port))
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -15,6 +15,8 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from unimas.agent_config import AgentConfig
+
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """Names that become path components (run, model group, adapter): no separators, no `..`, no leading dot."""
 
@@ -158,8 +160,8 @@ class RoleConfig(Strict):
     adapter: Optional[str] = Field(None, description="LoRA adapter name; needs `lora` on the model group")
 
     system: str = Field("", description="the system message (chat models); prepended to the prompt otherwise")
-    template: str = Field(..., description="Python format string over the task and workflow variables, "
-                          "e.g. 'S:{target}'")
+    template: Optional[str] = Field(None, description="Python format string over the task and workflow variables, "
+                                    "e.g. 'S:{target}'; required unless `workflow.agent` writes the messages")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="sampling while training")
     eval_generation: Optional[GenerationConfig] = Field(None, description="settings for greedy evaluation "
                                                         "(`eval_samples: 1`); null = `generation`")
@@ -216,16 +218,20 @@ class GraphConfig(Strict):
 
 
 class WorkflowConfig(Strict):
-    """How one episode runs: a registered Python workflow (``name``) or an inline ``graph``."""
+    """How one episode runs: a registered Python workflow (``name``), an inline ``graph`` or an ``agent`` program."""
 
     name: Optional[str] = Field(None, description="registered workflow (`unimas plugins`)")
     graph: Optional[GraphConfig] = Field(None, description="inline declarative workflow")
+    agent: Optional[AgentConfig] = Field(None, description="an agent program reached through the OpenAI-compatible "
+                                         "gateway (docs/gateway.md)")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments bound to the workflow")
 
     @model_validator(mode="after")
     def _one_kind(self) -> "WorkflowConfig":
-        if (self.name is None) == (self.graph is None):
-            raise ValueError("give exactly one of 'name' (a registered workflow) or 'graph' (inline)")
+        if sum(kind is not None for kind in (self.name, self.graph, self.agent)) != 1:
+            raise ValueError("give exactly one of 'name' (registered), 'graph' (inline) or 'agent' (a program)")
+        if self.agent is not None and self.params:
+            raise ValueError("'params' bind a named workflow's arguments; an agent gets the task row")
         return self
 
 

@@ -17,6 +17,7 @@ from unimas.algorithms import Estimator, resolve_estimator
 from unimas.config import ExperimentConfig, ParserConfig
 from unimas.credit import reward_keys
 from unimas.errors import UserError, describe
+from unimas.gateway.agent import AgentWorkflow
 from unimas.registry import Registry, build_registry
 from unimas.workflow.graph import make_graph_workflow
 
@@ -36,8 +37,14 @@ class Experiment:
     @classmethod
     def resolve(cls, config: ExperimentConfig, registry: Registry | None = None) -> "Experiment":
         registry = registry or build_registry(config.plugins)
+        for name, role in config.roles.items():
+            if role.template is None and config.workflow.agent is None:
+                raise UserError(f"role '{name}' needs a 'template': only an `agent` workflow, whose requests bring "
+                                "their own messages, may leave it out", where=f"roles.{name}.template")
         if config.workflow.graph is not None:
             workflow = make_graph_workflow(config.workflow.graph)
+        elif config.workflow.agent is not None:
+            workflow = AgentWorkflow(config.workflow.agent, config.roles)
         else:
             workflow = registry.get("workflows", config.workflow.name, where="workflow.name")
             _check_async(workflow, config.workflow.name, registry.provider("workflows", config.workflow.name))

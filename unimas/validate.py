@@ -77,7 +77,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
                 f"set roles.{name}.trainable: false")
         for attr in ("system", "template"):
             try:
-                template_fields(getattr(role, attr))
+                template_fields(getattr(role, attr) or "")  # no template: an agent role
             except ValueError as exc:
                 add(f"{where}.{attr}", str(exc))
         if role.parser is not None:
@@ -197,8 +197,8 @@ def _outside_alphabet(name: str, role: RoleConfig, alphabet: set[str], tasks: li
 
     hint = f"add them to models.{role.model}.options.tiny.alphabet"
     problems = []
-    fields = dict.fromkeys(template_fields(role.template))
-    literal = {"system": role.system, "template": render(role.template, dict.fromkeys(fields, ""))}
+    fields = dict.fromkeys(template_fields(role.template or ""))
+    literal = {"system": role.system, "template": render(role.template or "", dict.fromkeys(fields, ""))}
     for key, text in literal.items():
         if set(text) - alphabet:
             problems.append((f"roles.{name}.{key}", f"characters outside the alphabet of model group '{role.model}': "
@@ -248,6 +248,9 @@ def summary(experiment: Experiment) -> str:
     if config.workflow.graph is not None:
         graph = config.workflow.graph
         lines.append(f"workflow: graph with {len(graph.nodes)} nodes, {len(graph.edges)} edges, start '{graph.start}'")
+    elif config.workflow.agent is not None:
+        agent = config.workflow.agent
+        lines.append(f"workflow: agent {agent.command or agent.function} through the OpenAI-compatible gateway")
     else:
         lines.append(f"workflow: python workflow '{config.workflow.name}'")
     algo = config.algorithm

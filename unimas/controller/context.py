@@ -19,7 +19,7 @@ from unimas.controller.conversation import conversation
 from unimas.controller.router import Router
 from unimas.controller.timeouts import call_with_timeout
 from unimas.errors import ParseError, UserError, describe
-from unimas.groups.base import GenRequest
+from unimas.groups.base import Continuation, GenRequest
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 from unimas.workflow.templates import render
 
@@ -101,6 +101,50 @@ class EpisodeContext:
             weight_version=result.weight_version, replayed=replayed is not None,
         )
         self.trajectory.add_node(node, self._consumed([*after, *seen], variables))
+        if node.truncated and spec.truncation == "error":
+            raise PromptTooLong(f"the prompt of role '{role}' ({len(node.prompt_ids)} tokens) does not fit model "
+                                f"group '{spec.model}' (roles.{role}.truncation: error)")
+        _parse(node, spec, self._parsers.get(role))
+        return node
+
+    async def chat(self, role: str, messages: list[dict[str, str]], *, after: Iterable[Any] = (),
+                   **overrides: Any) -> TurnNode:
+        """A role turn on chat messages written by someone else (the OpenAI gateway's agents).
+
+        Unlike ``act`` there is no template and no ``memory``: the messages are
+        the whole prompt. ``overrides`` replace ``generation`` fields for this
+        turn (e.g. ``max_new_tokens``); ``after`` names the turns it consumed.
+        The role's previous turn is offered as the continuation, which the
+        group uses only when these messages extend that conversation.
+        """
+        if role not in self._roles:
+            raise UserError(f"a request asked for role '{role}', which the config does not declare", where="roles")
+        spec = self._roles[role]
+        index = self._role_counts.get(role, 0)
+        self._role_counts[role] = index + 1
+        generation = spec.eval_generation if (self._greedy and spec.eval_generation) else spec.generation
+        generation = generation.model_copy(update=overrides) if overrides else generation
+        own = self.trajectory.turns(role)
+        previous = own[-1] if own and own[-1].prompt_ids and own[-1].messages else None
+        continuation = None if previous is None else Continuation(
+            messages=previous.messages, prompt_ids=previous.prompt_ids, response_ids=previous.response_ids,
+            finished=previous.finished)
+        prompt = "".join(m["content"] for m in messages)
+        request = GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy,
+                             messages=messages, continuation=continuation, use_chat_template=spec.chat != "off",
+                             allow_truncation=spec.truncation == "left")
+        started = time.perf_counter()
+        result = await self._router.submit(spec.model, request, episode=self.trajectory.episode_id)
+        user_inputs = [m["content"] for m in messages if m["role"] == "user"]
+        node = TurnNode(
+            id=f"{role}#{index}", role=role, model_group=spec.model, prompt=result.prompt_text or prompt,
+            text=result.text, input=user_inputs[-1] if user_inputs else "", messages=messages,
+            prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
+            logprobs_exact=result.logprobs_exact, continued=result.continued, truncated=result.truncated,
+            finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
+            weight_version=result.weight_version,
+        )
+        self.trajectory.add_node(node, self._consumed(after, {}))
         if node.truncated and spec.truncation == "error":
             raise PromptTooLong(f"the prompt of role '{role}' ({len(node.prompt_ids)} tokens) does not fit model "
                                 f"group '{spec.model}' (roles.{role}.truncation: error)")

@@ -1,0 +1,190 @@
+"""The OpenAI-compatible gateway in-process: routing by role, episode isolation, errors, native parity.
+
+Episodes run through the real controller, router and torch model group on
+the built tiny chat model; agents here are Python callables (the ``function``
+agent kind) or small commands. Training through a subprocess agent and
+``unimas serve`` are in tests/test_gateway_train.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from unimas.config_file import config_from_dict
+from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.controller.router import Router
+from unimas.errors import UserError
+from unimas.experiment import Experiment
+from unimas.gateway.rewards import agent_reward
+from unimas.groups.transport import start_transport
+
+
+def team(model_dir, workflow: dict, templates: bool = False) -> dict:
+    def role(template: str) -> dict:
+        spec = {"model": "shared", "generation": {"max_new_tokens": 2, "temperature": 1.0, "require_eos": False}}
+        return {**spec, "template": template} if templates else spec
+
+    return {
+        "models": {"shared": {"options": {"path": str(model_dir)}}},
+        "roles": {"speaker": role("target: {target}"), "listener": role("message: {message}")},
+        "workflow": workflow,
+        "data": {"name": "signalling"},
+        "rewards": [{"name": "exact_match"}],
+    }
+
+
+def run_episodes(tree: dict, tasks: list[dict], greedy: bool = False):
+    """Episodes of ``tree``'s workflow on ``tasks``, all at once; (trajectories, experiment)."""
+    experiment = Experiment.resolve(config_from_dict(tree))
+    transport = start_transport(experiment.config, experiment.registry)
+    controller = Controller(experiment.workflow, experiment.config.roles, Router(transport), experiment.tools,
+                            episode_timeout_s=60)
+    specs = [EpisodeSpec(f"e{i}", f"t{i}", task) for i, task in enumerate(tasks)]
+    try:
+        return asyncio.run(controller.run(specs, greedy=greedy)), experiment
+    finally:
+        transport.shutdown()
+
+
+# -- agents (the `function` kind): async def run(task, base_url) -> dict --------------------------------------
+
+async def signalling_agent(task: dict, base_url: str) -> dict:
+    """The signalling game written against the OpenAI client, as examples/gateway/two_agents.py does."""
+    client = AsyncOpenAI(base_url=base_url, api_key="unused")
+    speaker = await client.chat.completions.create(
+        model="speaker", messages=[{"role": "user", "content": f"target: {task['target']}"}])
+    message = speaker.choices[0].message.content
+    listener = await client.chat.completions.create(
+        model="listener", messages=[{"role": "user", "content": f"message: {message}"}])
+    return {"answer": listener.choices[0].message.content.strip(), "message": message}
+
+
+async def marked_agent(task: dict, base_url: str) -> dict:
+    """Three concurrent turns whose prompts carry the task's marker; posts a reward for the last one."""
+    client = AsyncOpenAI(base_url=base_url, api_key="unused")
+    replies = await asyncio.gather(*(client.chat.completions.create(
+        model=role, messages=[{"role": "user", "content": f"marker {task['marker']} call {i}"}])
+        for i, role in enumerate(["speaker", "listener", "speaker"])))
+    async with httpx.AsyncClient() as http:
+        posted = await http.post(f"{base_url}/rewards", json={"turn": replies[-1].id, "reward": 0.5})
+    return {"answer": task["marker"], "posted": posted.json()}
+
+
+async def probing_agent(task: dict, base_url: str) -> dict:
+    """Bad requests first, then a good one: each refusal is an OpenAI-style JSON error, the episode goes on."""
+    url = f"{base_url}/chat/completions"
+    good = {"model": "speaker", "messages": [{"role": "user", "content": "target: a"}]}
+    async with httpx.AsyncClient() as http:
+        probes = {
+            "unknown_role": await http.post(url, json={**good, "model": "critic"}),
+            "malformed": await http.post(url, content=b'{"model": "speaker", "messages": [', headers={
+                "content-type": "application/json"}),
+            "no_messages": await http.post(url, json={"model": "speaker"}),
+            "two_choices": await http.post(url, json={**good, "n": 2}),
+            "tools": await http.post(url, json={**good, "tools": [{"type": "function"}]}),
+            "oversized": await http.post(url, content=b" " * (5 * 1024 * 1024)),
+            "bad_reward": await http.post(f"{base_url}/rewards", json={"turn": "speaker#9", "reward": 1}),
+            "other_episode": await http.post(url.replace("/e/", "/e/x"), json=good),
+            "models": await http.get(f"{base_url}/models"),
+        }
+        answer = await http.post(url, json=good)
+    return {"probes": {name: [r.status_code, r.json()] for name, r in probes.items()},
+            "answer": answer.json()["choices"][0]["message"]["content"], "base_url": base_url}
+
+
+# -- tests ------------------------------------------------------------------------------------------------------
+
+def test_gateway_and_native_workflow_record_the_same_graph(chat_model):
+    """Greedy turns: the same node ids, edges, prompts and token ids whether ctx.act or the gateway asks."""
+    tasks = [{"target": t, "answer": t} for t in "abcd"]
+    native, _ = run_episodes(team(chat_model, {"name": "signalling"}, templates=True), tasks, greedy=True)
+    gateway, _ = run_episodes(team(chat_model, {"agent": {"function": "tests.test_gateway:signalling_agent"}}),
+                              tasks, greedy=True)
+    for ours, theirs in zip(gateway, native):
+        assert ours.error is None, ours.error
+        assert [n.id for n in ours.nodes()] == [n.id for n in theirs.nodes()] == ["speaker#0", "listener#0"]
+        assert sorted(ours.graph.edges) == sorted(theirs.graph.edges) == [("speaker#0", "listener#0")]
+        for mine, native_turn in zip(ours.turns(), theirs.turns()):
+            assert (mine.input, mine.prompt) == (native_turn.input, native_turn.prompt)
+            assert mine.prompt_ids == native_turn.prompt_ids and mine.response_ids == native_turn.response_ids
+            assert len(mine.logprobs) == len(mine.response_ids) > 0
+
+
+def test_concurrent_episodes_never_mix(chat_model):
+    markers = [f"m{i}x" for i in range(6)]
+    trajectories, _ = run_episodes(team(chat_model, {"agent": {"function": "tests.test_gateway:marked_agent"}}),
+                                   [{"marker": m, "answer": m} for m in markers])
+    for marker, trajectory in zip(markers, trajectories):
+        assert trajectory.error is None, trajectory.error
+        turns = trajectory.turns()
+        assert sorted(t.id for t in turns) == ["listener#0", "speaker#0", "speaker#1"]
+        assert all(marker in t.messages[0]["content"] for t in turns)  # only its own agent's requests
+        last = trajectory.outcome["posted"]["turn"]
+        assert trajectory.outcome["agent_rewards"] == {last: 0.5}
+        assert agent_reward(trajectory, {}) == {last: 0.5}
+
+
+def test_bad_requests_get_openai_errors_and_the_episode_continues(chat_model):
+    [trajectory], experiment = run_episodes(
+        team(chat_model, {"agent": {"function": "tests.test_gateway:probing_agent"}}), [{"target": "a"}])
+    assert trajectory.error is None, trajectory.error
+    probes = trajectory.outcome["probes"]
+    expected = {"unknown_role": (404, "model_not_found"), "malformed": (400, "invalid_json"),
+                "no_messages": (400, "invalid_request"), "two_choices": (400, "invalid_request"),
+                "tools": (400, "invalid_request"), "oversized": (413, "request_too_large"),
+                "bad_reward": (400, "invalid_request"), "other_episode": (404, "episode_not_found")}
+    for name, (status, code) in expected.items():
+        got_status, body = probes[name]
+        assert (got_status, body["error"]["code"]) == (status, code), (name, body)
+        assert body["error"]["message"] and body["error"]["type"] == "invalid_request_error"
+    assert "critic" in probes["unknown_role"][1]["error"]["message"]
+    assert probes["models"][0] == 200
+    assert [m["id"] for m in probes["models"][1]["data"]] == ["listener", "speaker"]
+    assert [t.id for t in trajectory.turns()] == ["speaker#0"]  # refused requests recorded nothing
+    finished = httpx.post(f"{trajectory.outcome['base_url']}/chat/completions",
+                          json={"model": "speaker", "messages": [{"role": "user", "content": "x"}]})
+    assert finished.status_code == 404 and finished.json()["error"]["code"] == "episode_not_found"
+    experiment.workflow.gateway.stop()
+
+
+CRASH = "import sys; sys.stdin.read(); print('agent bug: boom', file=sys.stderr); sys.exit(3)"
+GARBAGE = "import sys; sys.stdin.read(); print('all done!')"
+HANG = "import sys, time; sys.stdin.read(); time.sleep(60)"
+
+
+@pytest.mark.parametrize("source,expected", [
+    (CRASH, ["exited with code 3", "agent bug: boom"]),
+    (GARBAGE, ["not a JSON object", "all done!"]),
+    (HANG, ["did not finish within 1 s"]),
+])
+def test_broken_agent_programs_fail_their_episode_with_the_reason(chat_model, source, expected):
+    agent = {"command": [sys.executable, "-c", source], "timeout_s": 1}
+    [trajectory], _ = run_episodes(team(chat_model, {"agent": agent}), [{"target": "a"}])
+    assert trajectory.failed
+    for text in expected:
+        assert text in trajectory.error
+
+
+def test_command_agent_gets_the_task_and_its_url(chat_model):
+    source = ("import json, os, sys; task = json.load(sys.stdin); "
+              "print('log line'); print(json.dumps({'answer': task['target'], 'url': os.environ['OPENAI_BASE_URL'], "
+              "'key': bool(os.environ['OPENAI_API_KEY'])}))")
+    [trajectory], _ = run_episodes(team(chat_model, {"agent": {"command": [sys.executable, "-c", source]}}),
+                                   [{"target": "q"}])
+    assert trajectory.error is None, trajectory.error
+    assert trajectory.outcome["answer"] == "q" and trajectory.outcome["key"] is True
+    assert trajectory.outcome["url"].startswith("http://127.0.0.1:") and "/e/e0-" in trajectory.outcome["url"]
+
+
+def test_templates_are_optional_only_for_agent_workflows(chat_model):
+    with pytest.raises(UserError, match="needs a 'template'"):
+        Experiment.resolve(config_from_dict(team(chat_model, {"name": "signalling"})))
+    with pytest.raises(UserError, match="exactly one of 'command'"):
+        config_from_dict(team(chat_model, {"agent": {"command": ["x"], "function": "a.b:c"}}))
+    with pytest.raises(UserError, match="must be `async def run"):
+        Experiment.resolve(config_from_dict(team(chat_model, {"agent": {"function": "json:dumps"}})))

@@ -1,0 +1,69 @@
+"""The gateway's HTTP routes (FastAPI).
+
+* ``GET  /e/<episode>/v1/models``            the roles, as OpenAI "models"
+* ``POST /e/<episode>/v1/chat/completions``  one turn of the role named by ``model``
+* ``POST /e/<episode>/v1/rewards``           ``{"turn": id, "reward": x}`` for one of the episode's turns
+* the same without ``/e/<episode>`` when serving a trained team (``unimas serve``)
+
+Every refusal — unknown role, bad body, finished episode, wrong token,
+unknown path — is an OpenAI-style ``{"error": {...}}`` body, so clients
+raise their usual exceptions and the run carries on.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from unimas.gateway.protocol import GatewayError, completion, model_list, parse_chat, parse_json
+from unimas.gateway.sessions import Episode, Serving
+
+Lookup = Callable[[str | None], "Episode | Serving"]
+"""Episode key (None: the plain ``/v1`` prefix) -> its session; raises GatewayError(404) when there is none."""
+
+
+def build_app(lookup: Lookup, roles: list[str], token: str | None) -> FastAPI:
+    """``token``: the bearer token every request must carry (None = no check: loopback only)."""
+    app = FastAPI(title="unimas gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(GatewayError)
+    async def _refused(request: Request, exc: GatewayError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        error = GatewayError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code="not_found")
+        return JSONResponse(error.body(), status_code=exc.status_code)
+
+    def checked(request: Request, key: str | None) -> Episode | Serving:
+        if token is not None:
+            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+            if not hmac.compare_digest(given.encode(), token.encode()):
+                raise GatewayError(401, "missing or wrong API key: use the run's token (OPENAI_API_KEY of the "
+                                        "agent)", code="invalid_api_key")
+        return lookup(key)
+
+    async def models(request: Request, key: str | None = None) -> dict:
+        checked(request, key)
+        return model_list(roles)
+
+    async def chat(request: Request, key: str | None = None) -> dict:
+        session = checked(request, key)
+        call = parse_chat(parse_json(await request.body()), set(roles), sampling=isinstance(session, Serving))
+        turn = await session.chat(call)
+        prefix = f"{session.key}:" if isinstance(session, Episode) else ""
+        return completion(turn, f"chatcmpl-{prefix}{turn.id}")
+
+    async def reward(request: Request, key: str) -> dict:
+        session = checked(request, key)
+        return session.post_reward(parse_json(await request.body()))
+
+    for prefix in ("/e/{key}/v1", "/v1"):
+        app.add_api_route(f"{prefix}/models", models, methods=["GET"])
+        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
+    app.add_api_route("/e/{key}/v1/rewards", reward, methods=["POST"])
+    return app

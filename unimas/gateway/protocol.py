@@ -1,0 +1,138 @@
+"""The OpenAI chat-completions wire format: request checking, responses and error bodies.
+
+Requests are checked by hand rather than by a pydantic model so that every
+refusal is one OpenAI-style error naming the offending field, which the
+``openai`` client raises as ``BadRequestError`` / ``NotFoundError`` with
+that message — an agent author sees what to fix, and the run carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from unimas.trajectory import TurnNode
+
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""Larger bodies are refused with 413 before they are parsed."""
+
+MESSAGE_ROLES = {"system", "developer", "user", "assistant"}
+UNSUPPORTED = {
+    "tools": "tool definitions are not passed to the chat template yet",
+    "tool_choice": "tool definitions are not passed to the chat template yet",
+    "functions": "function definitions are not supported",
+    "stop": "stop sequences would cut the sampled tokens the turn is trained on",
+    "stream": "streaming responses are not implemented",
+}
+
+
+class GatewayError(Exception):
+    """A refused request: becomes ``{"error": {...}}`` with this HTTP status."""
+
+    def __init__(self, status: int, message: str, code: str = "invalid_request", param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ChatCall:
+    """One checked ``/chat/completions`` request."""
+
+    role: str
+    messages: list[dict[str, str]]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Generation fields the request sets: ``max_new_tokens`` always; sampling ones only where honoured."""
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise GatewayError(413, f"request body of {len(raw)} bytes is over the gateway's limit of "
+                                f"{MAX_REQUEST_BYTES}", code="request_too_large")
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise GatewayError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def parse_chat(body: dict[str, Any], roles: set[str], sampling: bool) -> ChatCall:
+    """Check a chat request; ``sampling``: honour temperature / top_p (serving, not training)."""
+    role = body.get("model")
+    if not isinstance(role, str) or not role:
+        raise GatewayError(400, "'model' must name a role: one of " + ", ".join(sorted(roles)), param="model")
+    if role not in roles:
+        raise GatewayError(404, f"the model '{role}' does not exist: 'model' names a role of this run, one of "
+                                f"{', '.join(sorted(roles))}", code="model_not_found", param="model")
+    for name, why in UNSUPPORTED.items():
+        if body.get(name) not in (None, False, []):
+            raise GatewayError(400, f"'{name}' is not supported by the unimas gateway: {why}", param=name)
+    if body.get("n", 1) != 1:
+        raise GatewayError(400, "'n' must be 1: each request is one turn", param="n")
+    overrides: dict[str, Any] = {}
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    if limit is not None:
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise GatewayError(400, "'max_tokens' must be a positive integer", param="max_tokens")
+        overrides["max_new_tokens"] = limit
+    if sampling:
+        for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 1e-6, 1.0)):
+            value = body.get(name)
+            if value is None:
+                continue
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+                raise GatewayError(400, f"'{name}' must be a number in [{low:g}, {high:g}]", param=name)
+            overrides[name] = float(value)
+    return ChatCall(role, _messages(body.get("messages")), overrides)
+
+
+def _messages(raw: Any) -> list[dict[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise GatewayError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages")
+    messages = []
+    for i, message in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES:
+            raise GatewayError(400, f"{where} must be an object whose 'role' is one of "
+                                    f"{', '.join(sorted(MESSAGE_ROLES))}", param=where)
+        if message.get("tool_calls"):
+            raise GatewayError(400, f"{where} has tool_calls: {UNSUPPORTED['tools']}", param=where)
+        role = "system" if message["role"] == "developer" else message["role"]
+        messages.append({"role": role, "content": _text(message.get("content"), where)})
+    return messages
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's content as one string; a list of parts may hold only text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(part["text"] for part in content)
+    raise GatewayError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+
+
+def completion(turn: TurnNode, completion_id: str) -> dict[str, Any]:
+    """The chat.completion object for a recorded turn."""
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": turn.role,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.text},
+                     "finish_reason": "stop" if turn.finished else "length", "logprobs": None}],
+        "usage": {"prompt_tokens": len(turn.prompt_ids), "completion_tokens": len(turn.response_ids),
+                  "total_tokens": len(turn.prompt_ids) + len(turn.response_ids)},
+    }
+
+
+def model_list(roles: list[str]) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": role, "object": "model", "created": 0, "owned_by": "unimas"}
+                                       for role in roles]}

@@ -1,0 +1,55 @@
+"""``unimas serve CONFIG --checkpoint DIR``: the trained team behind the same OpenAI-compatible API.
+
+The agent code that was trained runs unchanged against it: ``model`` still
+names the role, and each role answers with the weights (and LoRA adapter)
+the checkpoint holds for it. Nothing is recorded or trained; requests may
+set ``temperature`` and ``top_p``. The server runs on this process's event
+loop, where the router batches requests that arrive together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import uvicorn
+
+from unimas import checkpoints
+from unimas.config import ExperimentConfig
+from unimas.controller.router import Router
+from unimas.errors import UserError
+from unimas.gateway.app import build_app
+from unimas.gateway.protocol import GatewayError
+from unimas.gateway.server import free_port
+from unimas.gateway.sessions import Serving
+from unimas.groups.transport import start_transport
+from unimas.registry import Registry
+from unimas.rundir import RunDir
+
+
+async def serve(config: ExperimentConfig, registry: Registry, checkpoint: Path | None, host: str = "127.0.0.1",
+                port: int = 0) -> None:
+    """Load ``checkpoint`` (None: the config's initial weights) and answer requests until interrupted."""
+    if checkpoint is not None and not RunDir.is_complete(checkpoint):
+        raise UserError("not a complete unimas checkpoint (no COMPLETE marker)", where=str(checkpoint))
+    transport = start_transport(config, registry)
+    try:
+        if checkpoint is not None:
+            if (checkpoint / checkpoints.MANIFEST).exists():
+                checkpoints.verify(checkpoint)
+            await asyncio.gather(*(transport.load(g, checkpoint / g) for g in sorted(config.models)))
+        runtime = config.runtime
+        serving = Serving(config.roles, Router(transport, runtime.max_batch_size, runtime.max_wait_ms / 1000))
+
+        def lookup(key: str | None) -> Serving:
+            if key is not None:
+                raise GatewayError(404, "this server has no episodes: use the base URL /v1", code="not_found")
+            return serving
+
+        port = port or free_port(host)
+        app = build_app(lookup, sorted(config.roles), token=None)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
+        print(f"serving roles {', '.join(sorted(config.roles))} at http://{host}:{port}/v1", flush=True)
+        await server.serve()
+    finally:
+        transport.shutdown()

@@ -1,0 +1,130 @@
+"""Who a request belongs to: one :class:`Episode` per running episode, or a serving session.
+
+During training the gateway's web server has its own thread and event loop;
+an episode's context lives on the controller's loop. Each turn runs on the
+loop that owns the context, so the router batches gateway turns with every
+other turn of the step exactly as it batches native ``ctx.act`` calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import re
+import secrets
+from typing import Any, Coroutine, Mapping
+
+from unimas.config import RoleConfig
+from unimas.controller.context import EpisodeContext, PromptTooLong
+from unimas.controller.router import Router
+from unimas.gateway.protocol import ChatCall, GatewayError
+from unimas.trajectory import GraphTrajectory, TurnNode
+
+
+def consumed_turns(trajectory: GraphTrajectory, messages: list[dict[str, str]]) -> list[TurnNode]:
+    """Earlier turns whose output the request's messages contain as a whole (not inside a longer word).
+
+    This is how a gateway turn gets the "consumed" edges a native workflow
+    states by passing a node as a template variable: the agent pasted that
+    output into this prompt.
+    """
+    found = []
+    for turn in trajectory.turns():
+        text = turn.text.strip()
+        if not text:
+            continue
+        pattern = re.compile(r"(?<!\w)" + re.escape(text) + r"(?!\w)")
+        if any(pattern.search(message["content"]) for message in messages):
+            found.append(turn)
+    return found
+
+
+class Episode:
+    """One episode's door: its context, the rewards its agent posted, and whether it is still open."""
+
+    def __init__(self, context: EpisodeContext, roles: Mapping[str, RoleConfig], loop: asyncio.AbstractEventLoop):
+        self.key = f"{context.trajectory.episode_id}-{secrets.token_hex(6)}"
+        """The path segment of its base URL: unguessable, so one episode cannot address another."""
+        self.context = context
+        self.roles = roles
+        self.loop = loop
+        self.open = True
+        self.rewards: dict[str, float] = {}
+        """Turn id -> reward the agent posted for it."""
+        self.fatal: BaseException | None = None
+        """A failure that is not the agent's request's fault (a model group error): re-raised by the workflow."""
+        self._inflight: set[concurrent.futures.Future] = set()
+
+    def close(self) -> None:
+        """No more requests; turns still generating are cancelled, so nothing is added to a finished episode."""
+        self.open = False
+        for future in list(self._inflight):
+            future.cancel()
+
+    async def _on_episode_loop(self, work: Coroutine[Any, Any, TurnNode]) -> TurnNode:
+        """Run ``work`` on the controller's loop (the web server has its own thread and loop)."""
+        future = asyncio.run_coroutine_threadsafe(work, self.loop)
+        self._inflight.add(future)
+        try:
+            return await asyncio.wrap_future(future)
+        finally:
+            self._inflight.discard(future)
+
+    async def chat(self, call: ChatCall) -> TurnNode:
+        if not self.open:
+            raise GatewayError(404, "this episode has finished; its base URL takes no more requests",
+                               code="episode_finished")
+        limit = self.roles[call.role].generation.max_new_tokens
+        overrides = {"max_new_tokens": min(call.overrides.get("max_new_tokens", limit), limit)}
+        try:
+            return await self._on_episode_loop(self._turn(call, overrides))
+        except PromptTooLong as exc:
+            self.fatal = self.fatal or exc
+            raise GatewayError(400, str(exc), code="context_length_exceeded") from None
+        except Exception as exc:  # noqa: BLE001 - reported to the agent, raised again by the episode's workflow
+            self.fatal = self.fatal or exc
+            raise GatewayError(500, f"the turn could not be generated: {type(exc).__name__}: {exc}",
+                               code="generation_failed") from None
+
+    async def _turn(self, call: ChatCall, overrides: dict[str, Any]) -> TurnNode:
+        """On the episode's loop, so the graph is read and extended by one thread only."""
+        after = consumed_turns(self.context.trajectory, call.messages)
+        return await self.context.chat(call.role, call.messages, after=after, **overrides)
+
+    def post_reward(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Record ``{"turn": <turn or completion id>, "reward": <number>}`` for one of this episode's turns."""
+        if not self.open:
+            raise GatewayError(404, "this episode has finished; rewards must be posted while it runs",
+                               code="episode_finished")
+        turn = str(body.get("turn", "")).removeprefix("chatcmpl-").removeprefix(f"{self.key}:")
+        reward = body.get("reward")
+        if not isinstance(reward, (int, float)) or isinstance(reward, bool) or reward != reward \
+                or abs(reward) == float("inf"):
+            raise GatewayError(400, "'reward' must be a finite number", param="reward")
+        known = {t.id for t in self.context.trajectory.turns()}
+        if turn not in known:
+            raise GatewayError(400, f"'turn' must be the id of one of this episode's turns (the completion id also "
+                                    f"works): one of {', '.join(sorted(known)) or 'none yet'}", param="turn")
+        self.rewards[turn] = float(reward)
+        return {"turn": turn, "reward": float(reward)}
+
+
+class Serving:
+    """``unimas serve``: every request is a one-turn episode of its own, sampled as the request asks."""
+
+    def __init__(self, roles: Mapping[str, RoleConfig], router: Router):
+        self.roles = roles
+        self.router = router
+        self.served = 0
+
+    async def chat(self, call: ChatCall) -> TurnNode:
+        self.served += 1
+        trajectory = GraphTrajectory(episode_id=f"serve-{self.served}", task_id="serve")
+        context = EpisodeContext(trajectory, self.roles, self.router, tools={})
+        try:
+            return await context.chat(call.role, call.messages, **call.overrides)
+        except PromptTooLong as exc:
+            raise GatewayError(400, str(exc), code="context_length_exceeded") from None
+        except Exception as exc:  # noqa: BLE001 - one failed request never stops the server
+            raise GatewayError(500, f"the turn could not be generated: {type(exc).__name__}: {exc}",
+                               code="generation_failed") from None
