@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from unimas.config import OptimConfig
 from unimas.groups.base import GroupSpec
 from unimas.groups.torch.options import TinyModelConfig, TorchOptions
+from unimas.groups.verl import names
 
 ROLLOUT_NAMES = {"hf": "unimas_hf", "vllm": "vllm"}
 """unimas rollout name -> the key verl's rollout registries know it by."""
@@ -131,11 +132,6 @@ def optimizer_config(optim: OptimConfig, options: VerlOptions, total_updates: in
                                       total_training_steps=max(total_updates, 1)), options.overrides.optimizer)
 
 
-def server_prefix(group: str) -> str:
-    """The per-group prefix of rollout server names (``rollout.custom.server_name_prefix``)."""
-    return f"unimas_{group}_"
-
-
 def rollout_config(spec: GroupSpec, options: VerlOptions):
     """verl's rollout settings; the group name travels in ``custom`` so servers and sockets are per group."""
     from verl.workers.config import RolloutConfig
@@ -145,7 +141,8 @@ def rollout_config(spec: GroupSpec, options: VerlOptions):
                                 gpu_memory_utilization=options.gpu_memory_utilization, seed=spec.seed,
                                 dtype="bfloat16" if options.dtype == "bfloat16" else "float32",
                                 load_format="dummy", free_cache_engine=True,
-                                custom={"server_name_prefix": server_prefix(spec.name), "group": spec.name}),
+                                custom={"server_name_prefix": names.server_name_prefix(spec.name, options.rollout),
+                                        "group": spec.name}),
                   options.overrides.rollout)
 
 

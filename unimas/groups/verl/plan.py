@@ -47,6 +47,10 @@ def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, ada
     if options.rollout == "vllm" and on_cpu:
         problems.append((f"{where}.options.rollout", "the vLLM rollout needs a GPU (resources.gpus > 0 and the "
                          "unimas[gpu] install); use rollout: hf on CPU"))
+    if options.rollout == "vllm" and not on_cpu:
+        problems.append((f"{where}.options.rollout", "the vLLM rollout (verl's servers on Ray, namespaced per group "
+                         "by unimas.groups.verl.vllm_servers) is not wired into the group yet; use rollout: hf, "
+                         "which runs on the GPU too"))
     if options.rollout == "vllm" and options.tensor_parallel_size > max(1, math.floor(gpus)):
         problems.append((f"{where}.options.tensor_parallel_size", f"tensor-parallel size "
                          f"{options.tensor_parallel_size} needs that many whole GPUs; the group has {gpus:g}"))
