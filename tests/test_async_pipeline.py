@@ -109,3 +109,23 @@ def test_the_async_benchmark_runs():
     rows = table_rows(run_benchmark("async_pipeline.py"), "task")
     assert [(row[0], row[1]) for row in rows] == [(t, s) for t in ("2-role", "3-role") for s in "012"]
     assert all(float(row[3].replace(",", "")) > 0 for row in rows)  # trained tokens/s
+
+
+def test_batched_grpo_advantages_are_verls_bit_for_bit():
+    import numpy as np
+    import torch
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    from unimas.credit import grouped_advantages
+
+    generator = torch.Generator().manual_seed(0)
+    sizes = [1, 2, 3, 8, 8, 8, 5, 16]  # lone turns, uneven and repeated group sizes
+    keys = [f"task{g}|role" for g, size in enumerate(sizes) for _ in range(size)]
+    order = torch.randperm(len(keys), generator=generator).tolist()  # groups interleaved, as turns arrive
+    keys = [keys[i] for i in order]
+    scores = torch.randint(0, 3, (len(keys), 1), generator=generator).float() * 0.5
+    scores[::7] += torch.rand(len(scores[::7]), 1, generator=generator)
+    for norm in (True, False):
+        expected, _ = compute_grpo_outcome_advantage(scores.clone(), torch.ones_like(scores), np.array(keys, object),
+                                                     norm_adv_by_std_in_grpo=norm)
+        assert torch.equal(grouped_advantages(scores, keys, norm), expected)
