@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from unimas.agent_config import AgentConfig
+from unimas.algorithm_plugin import AlgorithmPlugin
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """Names that become path components (run, model group, adapter): no separators, no `..`, no leading dot."""
@@ -254,13 +255,6 @@ class RewardConfig(Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward function")
 
 
-class AlgorithmPlugin(Strict):
-    """A registered algorithm plugin (rollout control, replay, update order or credit shaper) and its parameters."""
-
-    name: str = Field(..., description="registered name (`unimas plugins` lists them)")
-    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the plugin's factory")
-
-
 class AlgorithmConfig(Strict):
     """Credit assignment and the policy update (names resolve in plugins, then verl's registries)."""
 
@@ -281,14 +275,10 @@ class AlgorithmConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, description="passes over a step's turns")
     mini_batch_size: int = Field(0, ge=0, description="turns per optimiser step; 0 = whole batch")
     gamma: float = Field(1.0, ge=0, le=1, description="discount handed to the estimator (verl `AlgoConfig.gamma`)")
-    rollout: Optional[AlgorithmPlugin] = Field(None, description="rollout control: which episodes to fork, where, "
-                                               "how many per task (null = `group_size` independent episodes)")
-    replay: Optional[AlgorithmPlugin] = Field(None, description="replay buffer: earlier episodes mixed into a step's "
-                                              "groups (null = none)")
-    update_order: Optional[AlgorithmPlugin] = Field(None, description="order of the model groups' updates "
-                                                    "(null = all in parallel)")
-    credit: Optional[AlgorithmPlugin] = Field(None, description="credit shaper: per-turn signal and group keys "
-                                              "handed to the estimator (null = summed reward, `grouping` keys)")
+    rollout: Optional[AlgorithmPlugin] = Field(None, description="rollout control (null: `group_size` episodes/task)")
+    replay: Optional[AlgorithmPlugin] = Field(None, description="replay buffer mixed into groups (null: none)")
+    update_order: Optional[AlgorithmPlugin] = Field(None, description="update order of roles (null: all parallel)")
+    credit: Optional[AlgorithmPlugin] = Field(None, description="credit shaper: per-turn signal, keys (null: reward)")
     max_staleness: int = Field(0, ge=0, description="asynchronous pipeline: most weight versions a trained turn may "
                                "lag its group (rollouts run that many steps ahead of updates); 0 = synchronous")
     stale_turns: Literal["drop", "reweight"] = Field(
