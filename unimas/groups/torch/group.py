@@ -70,6 +70,7 @@ class TorchModelGroup(ModelGroup):
         self.trainable = config.trainable
         self.tokenizer = tokenizer
         self.pad_id: int = tokenizer.pad_token_id
+        self.unk_id: Optional[int] = tokenizer.unk_token_id  # read per prompt: the tokenizer property is slow
         self.device = device
         self.adapters = adapters
         self.model = self._wrap_lora(model, spec.seed).to(device).eval()
@@ -249,7 +250,8 @@ class TorchModelGroup(ModelGroup):
     def _fit_prompt(self, text: str, ids: list[int], reserve: int, cut: bool = True) -> list[int]:
         """Check the characters and cut the prompt from the left so that ``reserve`` more tokens fit."""
         try:
-            check_known(self.tokenizer, text, ids)
+            if self.unk_id is not None and self.unk_id in ids:
+                check_known(self.tokenizer, text, ids)
         except ValueError as exc:
             raise UserError(f"{exc}; add them to models.{self.name}.options.tiny.alphabet (a tiny model) or change "
                             "the role's system, template or task data", where=f"model group '{self.name}'") from None

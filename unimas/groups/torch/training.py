@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ def compute_logprobs(
     parts_lp, parts_ent, parts_mask, order = [], [], [], []
     for adapter, rows in by_adapter.items():
         sub = [turns[i] for i in rows]
-        batch = layout_batch([t.prompt_ids for t in sub], [t.response_ids for t in sub], group.pad_id, group.device)
+        batch = _layout(group, sub)
         temps = torch.tensor([t.temperature or 1.0 for t in sub], device=group.device)
         size = batch.response.shape[1]
         with group.route(model, adapter):
@@ -88,6 +89,19 @@ def compute_logprobs(
     inverse = inverse.to(group.device)
     ent = torch.cat(parts_ent)[inverse] if entropy else None
     return torch.cat(parts_lp)[inverse], ent, torch.cat(parts_mask)[inverse]
+
+
+def _layout(group: "TorchModelGroup", turns: list[TrainTurn]):
+    """The padded batch of exactly these turn objects, remembered once: a mini-batch's reference pass reuses
+    its policy pass's layout instead of building it again. Only batches built outside inference mode are
+    remembered (an inference tensor cannot enter a later pass that records gradients)."""
+    remembered = getattr(group, "_remembered_layout", None)
+    if remembered is not None and len(remembered[0]) == len(turns) and all(map(operator.is_, remembered[0], turns)):
+        return remembered[1]
+    batch = layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns], group.pad_id, group.device)
+    if not torch.is_inference_mode_enabled():
+        group._remembered_layout = (turns, batch)
+    return batch
 
 
 def compute_reference_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> torch.Tensor:
