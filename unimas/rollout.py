@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from unimas.controller.episodes import Controller, EpisodeSpec
 from unimas.controller.forking import fork_specs
+from unimas.errors import UserError
 from unimas.trajectory import GraphTrajectory
 
 if TYPE_CHECKING:
@@ -119,8 +120,6 @@ def _build(registry: Any, kind: str, entry: "AlgorithmPlugin | None", where: str
     """The object a plugin's factory makes from its params; a bad parameter is the user's mistake."""
     if entry is None:
         return None
-    from unimas.errors import UserError
-
     factory = registry.get(kind, entry.name, where=f"{where}.name")
     try:
         return factory(**entry.params)
