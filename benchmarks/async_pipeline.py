@@ -10,6 +10,11 @@ same number of episodes (equal sampled tokens up to response lengths).
 Throughput is trained tokens per second of wall time over the steps (sum of
 ``group/<g>/tokens`` / elapsed, the pipeline's warm-up included). Final
 reward is the mean ``reward/mean`` of the last quarter of the steps.
+CPU s per 1000 trained tokens (this process, all threads) shows whether the
+pipeline adds work; "overlap bound" = (rollout + update) / max(rollout,
+update) of the synchronous run, the speed-up a perfect overlap could give
+on otherwise idle cores (an estimate, not a measurement).
+
 Repetitions interleave the variants (0 1 2, then 2 1 0, ...), each
 repetition with its own seed; the table gives medians over repetitions, the
 per-repetition ratio async / sync (median, min-max) and the final reward's
@@ -68,7 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def task_config(task: str, staleness: int, seed: int, args: argparse.Namespace) -> dict:
     if task == "3-role":
         tree = relay_config("separate", argparse.Namespace(**{**vars(args), "tasks": args.tasks_per_step,
-                                                             "kl": 0.0}), seed)
+                                                             "kl": 0.0, "heads": 4}), seed)
     else:
         tiny = {"architecture": "qwen2", "alphabet": "SL:abcdefgh01234567", "hidden_size": args.hidden,
                 "num_layers": args.layers, "num_heads": 4, "init_std": 0.1, "tie_embeddings": False}
@@ -103,13 +108,15 @@ def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root
             await trainer.pipeline.close()
         return records
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     records = asyncio.run(steps())
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     transport.shutdown()
     tokens = sum(v for r in records for k, v in r.items() if k.startswith("group/") and k.endswith("/tokens"))
     tail = records[-max(1, len(records) // 4):]
+    rollout, update = (sum(r[f"time/{phase}_s"] for r in records) for phase in ("rollout", "update"))
     return {"task": task, "staleness": staleness, "seed": seed, "elapsed_s": elapsed, "tokens": tokens,
+            "cpu_s_per_ktoken": 1000 * cpu / tokens, "overlap_bound": (rollout + update) / max(rollout, update),
             "tokens_per_s": tokens / elapsed, "final_reward": statistics.fmean(r["reward/mean"] for r in tail),
             "staleness_mean": statistics.fmean(v for r in records for k, v in r.items()
                                                if k.endswith("/staleness_mean"))}
@@ -153,9 +160,10 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
                          median(r["tokens_per_s"] for r in mine),
                          f"{median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-",
                          f"{statistics.fmean(rewards):.3f} ± {spread:.3f}",
-                         median(r["staleness_mean"] for r in mine)])
+                         median(r["staleness_mean"] for r in mine), median(r["cpu_s_per_ktoken"] for r in mine),
+                         f"{median(r['overlap_bound'] for r in mine):.2f}×" if staleness == 0 else "-"])
     lines.append(markdown_table(["task", "max_staleness", "run s", "trained tokens/s", "ratio vs sync",
-                                 "final reward", "mean staleness"], rows))
+                                 "final reward", "mean staleness", "CPU s / 1k tokens", "overlap bound"], rows))
     return "\n".join(lines)
 
 

@@ -74,12 +74,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--kl", type=float, default=0.04)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--gpu", action="store_true",
+                   help="one GPU: every group on CUDA, a ~110M-parameter model (h768 L12, 12 heads) unless sized; "
+                        "~2 min with the default steps")
     p.add_argument("--mappings", nargs="+", default=["shared", "separate"], choices=["shared", "separate"])
     p.add_argument("--profile", type=int, default=20, metavar="STEPS",
                    help="then profile this many steps of the first mapping with pyinstrument (0: off)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--gpu: no CUDA device is available")
+        sized = {a: getattr(args, a) for a in ("hidden", "layers", "heads")}
+        if sized == {"hidden": 64, "layers": 2, "heads": 4}:  # not sized on the command line
+            args.hidden, args.layers, args.heads = 768, 12, 12
     if args.smoke:
         args.steps, args.warmup, args.tasks, args.group, args.new_tokens = 2, 1, 2, 2, 2
         args.profile = min(args.profile, 2)
@@ -91,13 +103,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def relay_config(mapping: str, args: argparse.Namespace, seed: int = 0) -> dict:
     tiny = {"architecture": "qwen2", "alphabet": ALPHABET, "hidden_size": args.hidden, "num_layers": args.layers,
-            "num_heads": 4, "init_std": 0.1, "tie_embeddings": False, "max_positions": 64}
+            "num_heads": args.heads, "init_std": 0.1, "tie_embeddings": False, "max_positions": 64}
     roles = {"speaker": "S:{target}", "relay": "R:{message}", "listener": "L:{message}"}
+    group = {"options": {"tiny": tiny}, "resources": {"gpus": 1 if getattr(args, "gpu", False) else 0}}
     if mapping == "shared":
-        models = {"shared": {"options": {"tiny": tiny}}}
+        models = {"shared": group}
         owner = dict.fromkeys(roles, "shared")
     else:
-        models = {f"{r}_model": {"options": {"tiny": tiny}} for r in roles}
+        models = {f"{r}_model": group for r in roles}
         owner = {r: f"{r}_model" for r in roles}
     gen = {"max_new_tokens": args.new_tokens, "temperature": 1.0, "require_eos": False}
     return {
@@ -129,6 +142,7 @@ class Floor:
             if kl_coef > 0 else {}
         self.optims = {name: torch.optim.AdamW(m.parameters(), lr=lr) for name, m in self.models.items()}
         self.pad = {name: g.tokenizer.pad_token_id for name, g in groups.items()}
+        self.device = next(iter(groups.values())).device
 
     @staticmethod
     def _pack(prompts, responses, pad):
@@ -151,19 +165,31 @@ class Floor:
         for group, results in transport.gen_results:
             ids, mask, pos, _ = self._pack([r.prompt_ids for r in results], [[]] * len(results), self.pad[group])
             steps = max(len(r.response_ids) for r in results)
-            work.append(("generate", group, ids, mask, pos, steps))
+            work.append(("generate", group, *self._to_device(ids, mask, pos), steps))
         for group, turns in transport.updates:
             ids, mask, pos, width_p = self._pack([t.prompt_ids for t in turns], [t.response_ids for t in turns],
                                                  self.pad[group])
             adv = torch.tensor([t.advantage for t in turns], dtype=torch.float32)
+            ids, mask, pos, adv = self._to_device(ids, mask, pos, adv)
             work.append(("update", group, ids, mask, pos, width_p, adv))
         return work
+
+    def _to_device(self, *tensors):
+        return tuple(t.to(self.device) for t in tensors)
+
+    def _synchronize(self) -> None:
+        """CUDA kernels run asynchronously: a phase ends when its kernels have (unimas's end in a .tolist())."""
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
     def run(self, work: list[tuple], phases: Phases) -> None:
         for item in work:
             if item[0] == "generate":
                 with phases.phase("floor_generate"):
                     self._generate(*item[1:])
+                    self._synchronize()
             else:
                 self._update(*item[1:], phases)
 
@@ -198,6 +224,7 @@ class Floor:
         if self.kl_coef > 0:
             with phases.phase("floor_ref"), torch.no_grad():
                 ref = logp_of(self.refs[group])
+                self._synchronize()
         with phases.phase("floor_update"):
             model.train()
             logp = logp_of(model)
@@ -211,6 +238,7 @@ class Floor:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optim.step()
             model.eval()
+            self._synchronize()
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -303,13 +331,22 @@ def run(args: argparse.Namespace) -> dict:
     return results
 
 
+def gpu_line(args: argparse.Namespace) -> str:
+    if not args.gpu:
+        return ""
+    import torch
+
+    return f"; every group on one {torch.cuda.get_device_name()}"
+
+
 def report(args: argparse.Namespace, results: dict) -> str:
     episodes = args.tasks * args.group
     lines = [f"### Framework overhead — 3-role relay, {episodes} concurrent episodes per step",
              "",
              f"{args.tasks} tasks × group {args.group}, ≤{args.new_tokens} new tokens per turn, KL {args.kl:g} "
              f"(reference passes on), tiny Qwen2 h{args.hidden} L{args.layers}; {args.steps} measured steps per "
-             f"mapping after {args.warmup} warm-up, mappings alternating. {machine_line(args.threads)}.",
+             f"mapping after {args.warmup} warm-up, mappings alternating. {machine_line(args.threads)}"
+             f"{gpu_line(args)}.",
              "",
              "All times are per step, median over steps (ms). Floor = the same prompts and tokens through plain "
              "transformers/torch (batched KV-cache sampling; one forward/backward/AdamW step per model). "
