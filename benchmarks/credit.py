@@ -58,7 +58,7 @@ METHODS = {
     "hgpo": ("algorithm.credit={name: hgpo}", "algorithm.estimator=passthrough"),
     "gagpo": ("algorithm.credit={name: gagpo, params: {lam: 0.95, normalize: true}}",
               "algorithm.estimator=passthrough"),
-    "branch+counterfactual": ("algorithm.rollout={name: entropy_branch, params: {roots: 4, siblings: 1}}",
+    "branch+counterfactual": ("algorithm.rollout={name: entropy_branch, params: {roots: 2, siblings: 3}}",
                               "algorithm.credit={name: counterfactual}", "algorithm.estimator=passthrough"),
     "adaptive_budget": ("algorithm.rollout={name: adaptive_budget, params: {probe: 4}}",),
     "replay": ("algorithm.replay={name: verified_successes, params: {revisit: 0.25}}",
@@ -158,7 +158,7 @@ def spread(values: list[float]) -> str:
     return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
-def table(results: dict[tuple[str, str], list[Result]], seeds: int) -> str:
+def table(results: dict[tuple[str, str], list[Result]]) -> str:
     rows = []
     for (task_name, method), runs in results.items():
         reached = [r.reached for r in runs if r.reached is not None]
@@ -199,10 +199,13 @@ def main() -> None:
             for seed in range(seeds):
                 result = run_one(task_name, method, seed, budget, eval_every, extra)
                 results.setdefault((task_name, method), []).append(result)
-                print(f"# {task_name} {method} seed {seed}: acc {result.accuracy:.3f} after {result.steps} steps, "
-                      f"{result.tokens} tokens; history {result.history}", flush=True)
+                print(f"# {task_name} {method} seed {seed}: acc {result.accuracy:.3f} fix {result.fix} break "
+                      f"{result.broke} after {result.steps} steps, {result.tokens} tokens; history {result.history}",
+                      flush=True)
+        print(f"\n{task_name} so far:\n" + table({k: v for k, v in results.items() if k[0] == task_name}) + "\n",
+              flush=True)
     print(f"\nEqual sampled-token budgets; {seeds} seed(s); {time.perf_counter() - started:.0f} s in all.\n")
-    print(table(results, seeds))
+    print(table(results))
 
 
 if __name__ == "__main__":

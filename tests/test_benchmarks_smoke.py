@@ -99,7 +99,7 @@ def test_controller_scale_smoke():
 
 def test_credit_smoke():
     out = run_benchmark("credit.py", "--methods", "grpo", "branch+counterfactual", "replay", "seeupo")
-    rows = table_rows(out, "task")
+    rows = table_rows(out.split("s in all.")[1], "task")
     assert {(row[0], row[1]) for row in rows} == {(task, method) for task in ("signalling", "arith", "math_team")
                                                   for method in ("grpo", "branch+counterfactual", "replay", "seeupo")}
     for row in rows:
