@@ -7,6 +7,8 @@ import copy
 
 import pytest
 
+from tests.conftest import EXAMPLES
+from unimas.cli import main
 from unimas.config_file import config_from_dict
 from unimas.groups.build import group_spec
 from unimas.groups.placement import placement_plan
@@ -171,3 +173,20 @@ def test_dry_run_plan_names_engine_rollout_and_devices():
     plan = placement_plan(config_from_dict(tree))
     assert "verl group m: trained, fsdp2 engine on CPU (gloo), rollout hf (hybrid" in plan
     assert "verl group n: trained, fsdp2 engine on a shared GPU, rollout vllm TP 1, memory fraction 0.3" in plan
+
+
+@pytest.mark.parametrize("name", ["verl_one_gpu.yaml", "verl_multi_gpu.yaml"])
+def test_gpu_examples_validate(name, model_dir, capsys):
+    """The GPU examples point at a model the user downloads: a tiny model dir stands in."""
+    sets = [a for g in ("solver_model", "verifier_model") for a in ("--set", f"models.{g}.options.path={model_dir}")]
+    assert main(["validate", str(EXAMPLES / "gpu" / name), *sets]) == 0
+    assert "roles -> model groups" in capsys.readouterr().out
+
+
+def test_one_gpu_example_dry_run_plans_two_groups_on_a_shared_gpu(model_dir, capsys):
+    sets = [a for g in ("solver_model", "verifier_model") for a in ("--set", f"models.{g}.options.path={model_dir}")]
+    assert main(["train", str(EXAMPLES / "gpu" / "verl_one_gpu.yaml"), "--dry-run", *sets]) == 0
+    out = capsys.readouterr().out
+    for group in ("solver_model", "verifier_model"):
+        assert f"verl group {group}: trained, fsdp2 engine on a shared GPU, rollout hf (hybrid" in out
+    assert "total: 2 CPU, 1 GPU" in out
