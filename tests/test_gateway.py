@@ -13,6 +13,7 @@ import sys
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from openai import AsyncOpenAI
 
 from unimas.config_file import config_from_dict
@@ -20,8 +21,13 @@ from unimas.controller.episodes import Controller, EpisodeSpec
 from unimas.controller.router import Router
 from unimas.errors import UserError
 from unimas.experiment import Experiment
+from unimas.gateway.app import build_app
+from unimas.gateway.protocol import GatewayError
 from unimas.gateway.rewards import agent_reward
+from unimas.gateway.server import is_loopback
+from unimas.gateway.sessions import consumed_turns
 from unimas.groups.transport import start_transport
+from unimas.trajectory import GraphTrajectory, TurnNode
 
 
 def team(model_dir, workflow: dict, templates: bool = False) -> dict:
@@ -188,3 +194,33 @@ def test_templates_are_optional_only_for_agent_workflows(chat_model):
         config_from_dict(team(chat_model, {"agent": {"command": ["x"], "function": "a.b:c"}}))
     with pytest.raises(UserError, match="must be `async def run"):
         Experiment.resolve(config_from_dict(team(chat_model, {"agent": {"function": "json:dumps"}})))
+
+
+def test_beyond_loopback_every_request_needs_the_run_token():
+    def lookup(key):
+        raise GatewayError(404, "no such episode", code="episode_not_found")
+
+    client = TestClient(build_app(lookup, ["speaker"], token="s3cret"))
+    refused = client.get("/e/abc/v1/models")
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert client.get("/e/abc/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    passed = client.get("/e/abc/v1/models", headers={"Authorization": "Bearer s3cret"})
+    assert passed.status_code == 404 and passed.json()["error"]["code"] == "episode_not_found"
+    unknown = client.get("/nowhere")
+    assert unknown.status_code == 404 and "error" in unknown.json()
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+
+
+def test_consumed_edges_need_the_whole_output_not_a_piece_of_a_word():
+    trajectory = GraphTrajectory("e", "t")
+    for node_id, text in [("speaker#0", "a"), ("critic#0", " looks fine. "), ("planner#0", "")]:
+        trajectory.add_node(TurnNode(id=node_id, role=node_id[:-2], model_group="g", prompt="", text=text))
+
+    def consumed(content: str) -> list[str]:
+        return [t.id for t in consumed_turns(trajectory, [{"role": "user", "content": content}])]
+
+    assert consumed("message: a") == ["speaker#0"]
+    assert consumed("target: banana") == []  # "a" only inside a word
+    assert consumed("the critic said: looks fine.") == ["critic#0"]
+    assert consumed("it looks fine.x") == []  # "looks fine." is followed by a word character, so it is not whole
