@@ -103,7 +103,7 @@ def test_known_paths_types_and_defaults():
     assert rows["trainer.steps"].startswith("| `trainer.steps` | `int` (>= 0) | `100` |")
     assert '`"local" \\| "ray"`' in rows["runtime.kind"]
     assert "`str \\| null`" in rows["runtime.address"]
-    assert "| required |" in rows["roles.<role>.template"]
+    assert "| required |" in rows["roles.<role>.model"]  # template: optional since agent workflows (gateway)
     assert '`["q_proj", "k_proj", "v_proj", "o_proj"]`' in rows["models.<group>.lora.target_modules"]
     assert "`null`" in rows["trainer.stop_when.at_least"]
     assert "### backend: torch" in text and "### backend: openai" in text
