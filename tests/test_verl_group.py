@@ -127,3 +127,13 @@ def test_save_then_load_into_a_fresh_group_continues_bit_identically(setup, tmp_
     assert fresh.weight_version == saved_version and fresh.rollout.weight_version == saved_version
     assert steps(fresh, 2) == expected
     assert (tmp_path / "a" / "verl_actor" / "huggingface" / "config.json").exists()
+
+
+def test_kl_to_a_forward_only_reference_that_keeps_the_initial_weights():
+    group = build_group(config(kl_coef=0.1), build_registry(), "a")
+    assert group.reference is not None
+    initial = group.trainer_logprobs(FIXED)
+    kl = [group.update(turns_of(group.generate(requests()), [1.0, -1.0, 1.0, -1.0]))["kl"] for _ in range(2)]
+    assert kl[0] == 0.0 < kl[1]  # the first update starts at the reference; the second has moved away from it
+    assert group.trainer_logprobs(FIXED, group.reference) == initial
+    assert group.trainer_logprobs(FIXED) != initial
