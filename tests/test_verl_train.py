@@ -65,3 +65,23 @@ def test_killed_after_a_checkpoint_the_run_resumes_to_the_uninterrupted_one(tmp_
     for group in ("speaker_model", "listener_model"):
         weights, resumed = final_weights(straight, group), final_weights(run, group)
         assert resumed.keys() == weights.keys() and all(torch.equal(resumed[k], weights[k]) for k in weights)
+
+
+def test_a_verl_group_trains_beside_a_torch_group(tmp_path):
+    import yaml
+
+    tree = yaml.safe_load((EXAMPLES / "quickstart_verl.yaml").read_text())
+    tiny = tree["models"]["listener_model"]["options"]["tiny"]
+    tree["models"]["listener_model"] = {"backend": "torch", "options": {"tiny": tiny}, "optim": {"lr": 0.001}}
+    config = tmp_path / "mixed.yaml"
+    config.write_text(yaml.safe_dump(tree))
+    run = tmp_path / "run"
+    assert main(["train", str(config), "--run-dir", str(run), "--set", "trainer.steps=2", "--set",
+                 "trainer.save_every=2", "--set", "logging.report=false", "--set", "logging.console=false"]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "reward/mean" in r] == [1, 2]
+    for group in ("speaker_model", "listener_model"):
+        assert all(f"group/{group}/grad_norm" in r for r in records if "reward/mean" in r)
+    checkpoint = run / "checkpoints" / "step_000002"
+    assert (checkpoint / "speaker_model" / "verl_actor" / "huggingface" / "config.json").exists()
+    assert (checkpoint / "listener_model" / "model" / "config.json").exists()
