@@ -99,8 +99,12 @@ async def probing_agent(task: dict, base_url: str) -> dict:
             "models": await http.get(f"{base_url}/models"),
         }
         answer = await http.post(url, json=good)
+    stream = await AsyncOpenAI(base_url=base_url, api_key="unused").chat.completions.create(**good, stream=True)
+    streamed = [chunk async for chunk in stream]
     return {"probes": {name: [r.status_code, r.json()] for name, r in probes.items()},
-            "answer": answer.json()["choices"][0]["message"]["content"], "base_url": base_url}
+            "answer": answer.json()["choices"][0]["message"]["content"], "base_url": base_url,
+            "streamed": "".join(c.choices[0].delta.content or "" for c in streamed),
+            "stream_end": [streamed[-1].choices[0].finish_reason, streamed[-1].usage.completion_tokens]}
 
 
 # -- tests ------------------------------------------------------------------------------------------------------
@@ -151,7 +155,10 @@ def test_bad_requests_get_openai_errors_and_the_episode_continues(chat_model):
     assert "critic" in probes["unknown_role"][1]["error"]["message"]
     assert probes["models"][0] == 200
     assert [m["id"] for m in probes["models"][1]["data"]] == ["listener", "speaker"]
-    assert [t.id for t in trajectory.turns()] == ["speaker#0"]  # refused requests recorded nothing
+    speaker, streamed = trajectory.turns()  # refused requests recorded nothing
+    assert (speaker.id, streamed.id) == ("speaker#0", "speaker#1")
+    assert trajectory.outcome["streamed"] == streamed.text
+    assert trajectory.outcome["stream_end"] == ["stop" if streamed.finished else "length", len(streamed.response_ids)]
     finished = httpx.post(f"{trajectory.outcome['base_url']}/chat/completions",
                           json={"model": "speaker", "messages": [{"role": "user", "content": "x"}]})
     assert finished.status_code == 404 and finished.json()["error"]["code"] == "episode_not_found"

@@ -16,10 +16,10 @@ import hmac
 from typing import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from unimas.gateway.protocol import GatewayError, completion, model_list, parse_chat, parse_json
+from unimas.gateway.protocol import GatewayError, completion, model_list, parse_chat, parse_json, stream_events
 from unimas.gateway.sessions import Episode, Serving
 
 Lookup = Callable[[str | None], "Episode | Serving"]
@@ -51,12 +51,13 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None) -> FastAPI:
         checked(request, key)
         return model_list(roles)
 
-    async def chat(request: Request, key: str | None = None) -> dict:
+    async def chat(request: Request, key: str | None = None) -> dict | StreamingResponse:
         session = checked(request, key)
         call = parse_chat(parse_json(await request.body()), set(roles), sampling=isinstance(session, Serving))
         turn = await session.chat(call)
         prefix = f"{session.key}:" if isinstance(session, Episode) else ""
-        return completion(turn, f"chatcmpl-{prefix}{turn.id}")
+        done = completion(turn, f"chatcmpl-{prefix}{turn.id}")
+        return StreamingResponse(stream_events(done), media_type="text/event-stream") if call.stream else done
 
     async def reward(request: Request, key: str) -> dict:
         session = checked(request, key)
@@ -64,6 +65,6 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None) -> FastAPI:
 
     for prefix in ("/e/{key}/v1", "/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
-        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"])
+        app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"], response_model=None)
     app.add_api_route("/e/{key}/v1/rewards", reward, methods=["POST"])
     return app

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from unimas.trajectory import TurnNode
 
@@ -24,7 +24,6 @@ UNSUPPORTED = {
     "tool_choice": "tool definitions are not passed to the chat template yet",
     "functions": "function definitions are not supported",
     "stop": "stop sequences would cut the sampled tokens the turn is trained on",
-    "stream": "streaming responses are not implemented",
 }
 
 
@@ -48,6 +47,8 @@ class ChatCall:
     messages: list[dict[str, str]]
     overrides: dict[str, Any] = field(default_factory=dict)
     """Generation fields the request sets: ``max_new_tokens`` always; sampling ones only where honoured."""
+    stream: bool = False
+    """Answer as server-sent events (the whole turn in one chunk: it is generated as one batch item)."""
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -90,7 +91,10 @@ def parse_chat(body: dict[str, Any], roles: set[str], sampling: bool) -> ChatCal
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
                 raise GatewayError(400, f"'{name}' must be a number in [{low:g}, {high:g}]", param=name)
             overrides[name] = float(value)
-    return ChatCall(role, _messages(body.get("messages")), overrides)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool) and stream is not None:
+        raise GatewayError(400, "'stream' must be true or false", param="stream")
+    return ChatCall(role, _messages(body.get("messages")), overrides, stream=bool(stream))
 
 
 def _messages(raw: Any) -> list[dict[str, str]]:
@@ -131,6 +135,20 @@ def completion(turn: TurnNode, completion_id: str) -> dict[str, Any]:
         "usage": {"prompt_tokens": len(turn.prompt_ids), "completion_tokens": len(turn.response_ids),
                   "total_tokens": len(turn.prompt_ids) + len(turn.response_ids)},
     }
+
+
+def stream_events(done: dict[str, Any]) -> Iterator[str]:
+    """A finished completion as ``chat.completion.chunk`` server-sent events: the text, the finish, ``[DONE]``."""
+    choice = done["choices"][0]
+    head = {key: done[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": choice["message"], "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
+         "usage": done["usage"]},
+    ]
+    for chunk in chunks:
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def model_list(roles: list[str]) -> dict[str, Any]:
