@@ -9,6 +9,8 @@ update of one group leaves the other's weights alone, and that save -> fresh gro
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -96,12 +98,35 @@ def test_update_moves_logprobs_syncs_the_rollout_and_leaves_the_other_group_alon
     assert metrics["lr"] == pytest.approx(0.01) and metrics["tokens"] == sum(len(t.response_ids) for t in turns)
 
 
-def test_stale_turns_are_refused(setup):
+def test_turns_of_an_older_version_train_with_the_truncated_importance_ratio(setup):
     _, _, groups = setup
     a = groups["a"]
-    turn = TrainTurn([4, 6], [7], [-1.0], 1.0, weight_version=a.weight_version + 5)
-    with pytest.raises(ValueError, match="on-policy"):
-        a.update([turn])
+    late = turns_of(a.generate(requests()), [1.0, -1.0, 1.0, -1.0])
+    a.update(turns_of(a.generate(requests()), [1.0, 1.0, -1.0, -1.0]))  # the weights move on
+    assert all(t.weight_version == a.weight_version - 1 for t in late)
+    proximal = a.trainer_logprobs(late)
+    cap = a.spec.algorithm.importance_cap
+    ratios = [min(math.exp(p - b), cap) for t, row in zip(late, proximal) for p, b in zip(row, t.rollout_logprobs)]
+    metrics = a.update(late)
+    assert metrics["stale_turns"] == 4.0 and metrics["weight_version"] == float(a.weight_version)
+    assert metrics["importance_weight"] == pytest.approx(sum(ratios) / len(ratios), rel=1e-5)
+    assert metrics["importance_weight"] != 1.0
+    fresh = a.update(turns_of(a.generate(requests()), [1.0, -1.0, 1.0, -1.0]))
+    assert fresh["stale_turns"] == 0.0 and fresh["importance_weight"] == 1.0
+
+
+def test_generation_runs_while_the_group_updates(setup):
+    """The rollout has its own weights: generating does not wait for the training lock (asynchronous pipeline)."""
+    import threading
+
+    _, _, groups = setup
+    a = groups["a"]
+    done = threading.Event()
+    with a._train_lock:  # an update in progress
+        worker = threading.Thread(target=lambda: (a.generate(requests()), done.set()))
+        worker.start()
+        assert done.wait(timeout=60)
+    worker.join()
 
 
 def steps(group, count: int) -> list:

@@ -85,3 +85,16 @@ def test_a_verl_group_trains_beside_a_torch_group(tmp_path):
     checkpoint = run / "checkpoints" / "step_000002"
     assert (checkpoint / "speaker_model" / "verl_actor" / "huggingface" / "config.json").exists()
     assert (checkpoint / "listener_model" / "model" / "config.json").exists()
+
+
+def test_asynchronous_pipeline_with_two_verl_groups(tmp_path):
+    """max_staleness 1: generation of step k+1 overlaps the updates of step k; the late turns are reweighted."""
+    run = tmp_path / "run"
+    assert main(["train", CONFIG, "--run-dir", str(run), "--set", "trainer.steps=3", "--set",
+                 "algorithm.max_staleness=1", "--set", "logging.report=false", "--set", "logging.console=false"]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "reward/mean" in line]
+    for group in ("speaker_model", "listener_model"):
+        versions = [r[f"group/{group}/weight_version"] for r in records]
+        assert versions == [1.0, 2.0, 3.0]
+        assert any(r[f"group/{group}/stale_turns"] > 0 for r in records)
+        assert all(0 < r[f"group/{group}/importance_weight"] <= 2.0 for r in records)

@@ -18,6 +18,14 @@ One :class:`VerlModelGroup` hosts, in this process:
 Several groups in one process each build their own FSDP2 module on the same
 one-rank process group, so their weights never mix. The groups' verl-side
 settings come from :mod:`.options` (one translation module).
+
+Asynchronous pipeline (``algorithm.max_staleness > 0``): the rollout holds its
+own weights, so generation (under the rollout lock) runs while the engine
+updates (under the training lock); the sync at the end of an update takes both.
+Turns sampled by an older weight version train with their advantages scaled by
+the truncated importance ratio min(proximal / behaviour probability,
+``algorithm.importance_cap``), the proximal log-probs being the engine's
+recomputation at the start of the update, as in the torch backend.
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ from unimas.groups.verl.plan import group_problems
 
 ACTOR_DIR, STATE_FILE, RNG_FILE = "verl_actor", "unimas_group.json", "rollout_rng.pt"
 UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
-                  "rollout_logprob_diff", "lr", "tokens", "update_time_s")
+                  "rollout_logprob_diff", "lr", "tokens", "update_time_s", "stale_turns", "importance_weight")
 
 
 def unimas_loss(policy_loss: Any, algorithm: Any, model_output: Any, data: Any, dp_group: Any = None):
@@ -79,7 +87,8 @@ class VerlModelGroup(ModelGroup):
         self.spec, self.name, self.trainable = spec, spec.name, spec.config.trainable
         self.tokenizer, self.pad_id, self.eos_ids = tokenizer, tokenizer.pad_token_id, eos_ids
         self.max_positions = max_positions
-        self._lock = threading.RLock()
+        self._rollout_lock = threading.RLock()
+        self._train_lock = threading.RLock()
         self.configs = translate(spec, model_dir)
         self.actor = self.reference = None
         with platform.rendezvous_environment():
@@ -138,7 +147,8 @@ class VerlModelGroup(ModelGroup):
         from unimas.groups.verl.rollout import run_sync
 
         weights, _ = self.actor.engine.get_per_tensor_param()
-        run_sync(self.rollout.update_weights(weights, global_steps=self.weight_version))
+        with self._rollout_lock:
+            run_sync(self.rollout.update_weights(weights, global_steps=self.weight_version))
 
     def trainer_logprobs(self, turns: list[TrainTurn], worker: Any = None) -> list[list[float]]:
         """Per-token log-probs of the turns' responses under the actor (or ``worker``), at each turn's temperature."""
@@ -182,7 +192,7 @@ class VerlModelGroup(ModelGroup):
             buckets[(gen.max_new_tokens, greedy, () if greedy else (gen.temperature, gen.top_k, gen.top_p))].append(i)
         results: list[Optional[GenResult]] = [None] * len(requests)
         fallback = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_ids[0]
-        with self._lock:
+        with self._rollout_lock:
             for (_, greedy, _), members in buckets.items():
                 gen = requests[members[0]].generation
                 rendered = [prompts.render(self.tokenizer, requests[i], self.name, self.max_positions, fallback)
@@ -192,7 +202,7 @@ class VerlModelGroup(ModelGroup):
                 for k, i in enumerate(members):
                     results[i] = GenResult(text="", prompt_ids=rendered[k].ids, response_ids=[], logprobs=[],
                                            finished=False, prompt_text=rendered[k].text, truncated=True,
-                                           weight_version=self.weight_version)
+                                           weight_version=self.rollout.weight_version)
                 if not run:
                     continue
                 ids = [rendered[k].ids for k in run]
@@ -213,15 +223,11 @@ class VerlModelGroup(ModelGroup):
         """One PPO/GRPO update through verl's mini-batch loop, then a checked weight sync."""
         if not self.trainable:
             raise RuntimeError(f"model group '{self.name}' is frozen (trainable: false) and cannot be updated")
-        with self._lock:
+        with self._train_lock:
             if not turns:
                 metrics = dict.fromkeys(UPDATE_METRICS, 0.0)
-                metrics["lr"] = self._lr()
+                metrics.update(lr=self._lr(), importance_weight=1.0, weight_version=float(self.weight_version))
                 return metrics
-            stale = [t.weight_version for t in turns if t.weight_version not in (None, self.weight_version)]
-            if stale:
-                raise ValueError(f"model group '{self.name}' (verl) got turns sampled by weight version {stale[0]}, "
-                                 f"not {self.weight_version}: the verl backend trains on-policy only")
             return self._update(turns)
 
     def _lr(self) -> float:
@@ -235,10 +241,13 @@ class VerlModelGroup(ModelGroup):
         mini = min(algorithm.mini_batch_size or len(turns), len(turns))
         rows = rows_of.layout(turns, self.pad_id, rows_of.padded_size(len(turns), mini))
         old = self._logprobs(rows)
-        exact = [t.rollout_logprobs_exact and len(t.rollout_logprobs) == len(t.response_ids) for t in turns]
+        stale = [t.weight_version is not None and t.weight_version < self.weight_version for t in turns]
+        exact = [t.rollout_logprobs_exact and len(t.rollout_logprobs) == len(t.response_ids) and not late
+                 for t, late in zip(turns, stale)]
         sampled = rows_of.response_rows([t.rollout_logprobs if ok else [] for t, ok in zip(turns, exact)], rows)
         known = rows_of.response_rows([[1.0] * len(t.response_ids) if ok else [] for t, ok in zip(turns, exact)], rows)
         mismatch = float(((old - sampled).abs() * known).max()) if any(exact) else 0.0
+        importance = self._reweight_stale(rows, old, turns, stale)
         extra = {"old_log_probs": old}
         if self.reference is not None:
             extra["ref_log_prob"] = self._logprobs(rows, self.reference)
@@ -256,15 +265,29 @@ class VerlModelGroup(ModelGroup):
         metrics = {key: verl_metrics.get(key, 0.0) for key in ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl")}
         metrics.update(grad_norm=grad_norm if finite else 0.0, nonfinite_skipped=0.0 if finite else 1.0,
                        rollout_logprob_diff=mismatch, lr=lr, tokens=float(sum(len(t.response_ids) for t in turns)),
-                       update_time_s=time.perf_counter() - start)
+                       update_time_s=time.perf_counter() - start, stale_turns=float(sum(stale)),
+                       importance_weight=importance, weight_version=float(self.weight_version))
         return metrics
+
+    def _reweight_stale(self, rows: rows_of.Rows, old: torch.Tensor, turns: list[TrainTurn],
+                        stale: list[bool]) -> float:
+        """Scale stale turns' advantages by the truncated importance ratio; its mean over their tokens (1 if none)."""
+        behaviour = [t.rollout_logprobs if late and len(t.rollout_logprobs) == len(t.response_ids) else []
+                     for t, late in zip(turns, stale)]
+        mask = rows_of.response_rows([[1.0] * len(b) for b in behaviour], rows)
+        if not mask.any():
+            return 1.0
+        ratio = (old - rows_of.response_rows(behaviour, rows)).exp().clamp(max=self.spec.algorithm.importance_cap)
+        ratio = torch.where(mask > 0, ratio, torch.ones_like(ratio))
+        rows.tensors["advantages"] = rows.tensors["advantages"] * ratio
+        return float((ratio * mask).sum() / mask.sum())
 
     # ----------------------------------------------------------- checkpoints
 
     def save(self, directory: Path) -> None:
         """``verl_actor/`` (verl's FSDP checkpoint + ``huggingface/``), the rollout RNG and the weight version."""
         directory = Path(directory)
-        with self._lock:
+        with self._train_lock, self._rollout_lock:
             directory.mkdir(parents=True, exist_ok=True)
             if self.actor is not None:
                 self.actor.save_checkpoint(str(directory / ACTOR_DIR), None, self.weight_version, None)
@@ -275,7 +298,7 @@ class VerlModelGroup(ModelGroup):
     def load(self, directory: Path) -> None:
         """Restore what :meth:`save` wrote and sync the rollout, so generation continues bit-identically."""
         directory = Path(directory)
-        with self._lock:
+        with self._train_lock, self._rollout_lock:
             try:
                 state = json.loads((directory / STATE_FILE).read_text())
                 rng = torch.load(directory / RNG_FILE, weights_only=True)
