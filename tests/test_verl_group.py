@@ -162,3 +162,18 @@ def test_kl_to_a_forward_only_reference_that_keeps_the_initial_weights():
     assert kl[0] == 0.0 < kl[1]  # the first update starts at the reference; the second has moved away from it
     assert group.trainer_logprobs(FIXED, group.reference) == initial
     assert group.trainer_logprobs(FIXED) != initial
+
+
+def test_a_frozen_group_generates_at_version_zero_and_refuses_updates(tmp_path):
+    tree = config()
+    tree.models["b"] = tree.models["b"].model_copy(update={"trainable": False})
+    frozen = build_group(tree, build_registry(), "b")
+    assert frozen.actor is None and frozen.reference is None
+    results = frozen.generate(requests())
+    assert all(r.weight_version == 0 and r.response_ids for r in results)
+    with pytest.raises(RuntimeError, match="frozen"):
+        frozen.update(turns_of(results, [1.0] * len(results)))
+    frozen.save(tmp_path / "b")
+    again = frozen.generate(requests())
+    frozen.load(tmp_path / "b")
+    assert [r.response_ids for r in frozen.generate(requests())] == [r.response_ids for r in again]

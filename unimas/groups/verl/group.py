@@ -107,6 +107,8 @@ class VerlModelGroup(ModelGroup):
         """Largest |rollout - trainer| log-prob measured after the latest sync (None before any check)."""
         if self.actor is not None:
             self.sync_weights()
+        else:
+            self.rollout.weight_version = 0  # a frozen group keeps the weights it was built with
 
     @classmethod
     def build(cls, spec: GroupSpec) -> "VerlModelGroup":
