@@ -12,6 +12,7 @@ with the reason and the end of its stderr; the run goes on per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -70,7 +71,8 @@ async def run_command(command: list[str], task: dict, env: Mapping[str, str], ti
         stdout, stderr = await bounded(process.communicate(json.dumps(task).encode()), timeout_s, "the agent")
     finally:
         if process.returncode is None:
-            os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may have exited a moment ago
+                os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
     if process.returncode != 0:
         tail = stderr.decode(errors="replace")[-STDERR_KEPT:]

@@ -43,7 +43,8 @@ class Episode:
     """One episode's door: its context, the rewards its agent posted, and whether it is still open."""
 
     def __init__(self, context: EpisodeContext, roles: Mapping[str, RoleConfig], loop: asyncio.AbstractEventLoop):
-        self.key = f"{context.trajectory.episode_id}-{secrets.token_hex(6)}"
+        readable = re.sub(r"[^A-Za-z0-9_.-]", "_", context.trajectory.episode_id)[:48]
+        self.key = f"{readable}-{secrets.token_hex(6)}"
         """The path segment of its base URL: unguessable, so one episode cannot address another."""
         self.context = context
         self.roles = roles
