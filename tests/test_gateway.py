@@ -19,6 +19,7 @@ from openai import AsyncOpenAI
 from unimas.config_file import config_from_dict
 from unimas.controller.episodes import Controller, EpisodeSpec
 from unimas.controller.router import Router
+from unimas.credit import CreditAssigner
 from unimas.errors import UserError
 from unimas.experiment import Experiment
 from unimas.gateway.app import build_app
@@ -127,8 +128,10 @@ def test_gateway_and_native_workflow_record_the_same_graph(chat_model):
 
 def test_concurrent_episodes_never_mix(chat_model):
     markers = [f"m{i}x" for i in range(6)]
-    trajectories, _ = run_episodes(team(chat_model, {"agent": {"function": "tests.test_gateway:marked_agent"}}),
-                                   [{"marker": m, "answer": m} for m in markers])
+    tree = team(chat_model, {"agent": {"function": "tests.test_gateway:marked_agent"}})
+    tree["rewards"].append({"name": "agent_reward", "level": "turn", "weight": 2.0})
+    trajectories, experiment = run_episodes(tree, [{"marker": m, "answer": m} for m in markers])
+    CreditAssigner(experiment.config, experiment.rewards, experiment.estimator).allocate(trajectories)
     for marker, trajectory in zip(markers, trajectories):
         assert trajectory.error is None, trajectory.error
         turns = trajectory.turns()
@@ -137,6 +140,7 @@ def test_concurrent_episodes_never_mix(chat_model):
         last = trajectory.outcome["posted"]["turn"]
         assert trajectory.outcome["agent_rewards"] == {last: 0.5}
         assert agent_reward(trajectory, {}) == {last: 0.5}
+        assert {t.id: t.reward for t in turns} == {**{t.id: 1.0 for t in turns}, last: 1.0 + 2.0 * 0.5}
 
 
 def test_bad_requests_get_openai_errors_and_the_episode_continues(chat_model):
