@@ -20,28 +20,92 @@ stack; until the vLLM rollout is wired into the group it reports that and exits 
 
     python scripts/gpu_check_verl.py            # tier A on a GPU
     python scripts/gpu_check_verl.py --tiny     # the same checks, tiny shape, CPU
+
+Tier A needs no Ray: verl's in-process engine only imports it, so where Ray is
+not installed (or with ``--ray-stand-in``) an inert stand-in module answers
+those imports; any real use of it would fail loudly, not silently.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import json
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
-import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
-from unimas import algorithms
-from unimas.config import AlgorithmConfig, ModelGroupConfig, OptimConfig
-from unimas.groups.base import GroupSpec, TrainTurn
-from unimas.groups.torch.chars import build_char_tokenizer
-from unimas.groups.verl.group import VerlModelGroup
-from unimas.groups.verl.options import VerlOptions
-from unimas.registry import build_registry
+class _Inert:
+    """Whatever verl's module-level Ray code asks for: decorators return their target, the rest is inert."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]
+        return _Inert()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Inert()
+
+    def __mro_entries__(self, bases):
+        return (object,)
+
+    def __iter__(self):
+        return iter(())
+
+    def __bool__(self):
+        return False
+
+
+class _RayStandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers ``import ray`` and ``import ray.*`` with inert modules."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname == "ray" or fullname.startswith("ray."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__, module.__version__ = [], "0+unimas-stand-in"
+        module.__getattr__ = _Inert().__getattr__
+        return module
+
+    def exec_module(self, module):
+        if module.__name__ == "ray":
+            module.remote = lambda *args, **kwargs: args[0] if args else (lambda target: target)
+            module.is_initialized = lambda: False
+            module.ObjectRef = type("ObjectRef", (), {})
+
+
+def _use_ray_stand_in() -> bool:
+    wanted = "--ray-stand-in" in sys.argv[1:] or importlib.util.find_spec("ray") is None
+    if wanted:
+        sys.meta_path.insert(0, _RayStandIn())
+    return wanted
+
+
+RAY_STAND_IN = _use_ray_stand_in()  # before verl (or unimas) imports Ray
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, Qwen2Config  # noqa: E402
+
+from unimas import algorithms  # noqa: E402
+from unimas.config import AlgorithmConfig, ModelGroupConfig, OptimConfig  # noqa: E402
+from unimas.groups.base import GroupSpec, TrainTurn  # noqa: E402
+from unimas.groups.torch.chars import build_char_tokenizer  # noqa: E402
+from unimas.groups.verl.group import VerlModelGroup  # noqa: E402
+from unimas.groups.verl.options import VerlOptions  # noqa: E402
+from unimas.registry import build_registry  # noqa: E402
 
 SHAPES = {
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -149,6 +213,8 @@ def main() -> int:
     parser.add_argument("--vllm", action="store_true", help="tier B: two vLLM hybrid groups (needs unimas[gpu])")
     parser.add_argument("--rows", type=int, default=8, help="turns per update")
     parser.add_argument("--out", type=Path, help="also write the report as JSON here")
+    parser.add_argument("--ray-stand-in", action="store_true", help="answer verl's Ray imports with an inert "
+                        "stand-in even where Ray is installed (automatic where it is not)")
     args = parser.parse_args()
     if args.vllm:
         found = importlib.util.find_spec("vllm") is not None
@@ -170,6 +236,7 @@ def main() -> int:
         for name, other in (("alpha", "beta"), ("beta", "alpha")):
             report["groups"][name] = check_group(groups[name], groups[other], dirs[name], turns, work, bf16)
     report["wall_s"] = time.perf_counter() - started
+    report["ray"] = getattr(sys.modules.get("ray"), "__version__", None)  # the stand-in says so in its version
     keys = ("logprob_vs_hf_ok", "export_matches_hf_state_dict", "update_direction_ok", "other_group_unchanged",
             "load_ok")
     report["ok"] = all(group[key] for group in report["groups"].values() for key in keys)
