@@ -133,10 +133,14 @@ class WeightVersions:
         return kept, metrics
 
     def advance(self, trained: list[CreditedTurn], group_metrics: dict[str, float]) -> None:
-        """Each group that got turns made one update: its reported version, else one more."""
+        """Count the step's updates: a group's reported version, else one more for a group that returned
+        update metrics without one (a backend that does not count); a group that was not updated keeps its."""
         for group in {self.config.roles[c.turn.role].model for c in trained}:
             reported = group_metrics.get(f"group/{group}/weight_version")
-            self.versions[group] = int(reported) if reported is not None else self.versions[group] + 1
+            if reported is not None:
+                self.versions[group] = int(reported)
+            elif any(key.startswith(f"group/{group}/") for key in group_metrics):
+                self.versions[group] += 1
 
     def state(self) -> dict[str, int]:
         return dict(self.versions)
