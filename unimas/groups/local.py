@@ -1,15 +1,17 @@
 """The in-process transport: model groups are plain objects in this process.
 
 Calls run inline on the event loop, except, with ``algorithm.max_staleness > 0`` for some group (the
-asynchronous pipeline), ``update``: it runs in a worker thread, so the next steps' episodes are generated
+asynchronous pipeline), ``update``: it runs on one worker thread, so the next steps' episodes are generated
 on the event loop meanwhile (torch releases the GIL in its kernels; each group's locks keep its own calls
-consistent). Generation stays inline: measured on 2 shared cores, handing every generate call to a thread
-cost more in GIL hand-offs than it overlapped.
+consistent). Generation stays inline and the groups' updates share the one thread: measured on 2 shared
+cores, more threads (one per generate call, or per group update) cost more in GIL hand-offs than they
+overlapped.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from unimas.config import ExperimentConfig
@@ -24,7 +26,8 @@ class LocalTransport:
         self.groups = groups
         self.config = config
         self.registry = registry
-        self.threaded = any(config.algorithm_for(g).max_staleness > 0 for g in config.models)
+        threaded = any(config.algorithm_for(g).max_staleness > 0 for g in config.models)
+        self._updater = ThreadPoolExecutor(1, thread_name_prefix="unimas-update") if threaded else None
 
     @classmethod
     def start(cls, config: ExperimentConfig, registry: Registry) -> "LocalTransport":
@@ -50,8 +53,8 @@ class LocalTransport:
         return self._call(group, "generate", requests)
 
     async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
-        if self.threaded:
-            return await asyncio.to_thread(self._call, group, "update", turns)
+        if self._updater is not None:
+            return await asyncio.get_running_loop().run_in_executor(self._updater, self._call, group, "update", turns)
         return self._call(group, "update", turns)
 
     async def save(self, group: str, directory: Path) -> None:
@@ -70,4 +73,6 @@ class LocalTransport:
             await self.load(group, checkpoint)
 
     def shutdown(self) -> None:
+        if self._updater is not None:
+            self._updater.shutdown(wait=True)
         self.groups.clear()
