@@ -24,6 +24,7 @@ from pydantic.fields import FieldInfo
 from unimas.config import ExperimentConfig
 from unimas.groups.openai import OpenAIOptions
 from unimas.groups.torch.options import TorchOptions
+from unimas.groups.verl.options import VerlOptions
 
 REGENERATE = "python -m unimas.config_docs > docs/config.md"
 
@@ -33,7 +34,7 @@ PLACEHOLDERS = {"models": "group", "roles": "role", "nodes": "node"}
 
 def builtin_backend_options() -> list[tuple[str, type[BaseModel]]]:
     """``(backend name, options model)`` of the backends unimas ships."""
-    return [("torch", TorchOptions), ("openai", OpenAIOptions)]
+    return [("torch", TorchOptions), ("openai", OpenAIOptions), ("verl", VerlOptions)]
 
 
 # -- types -------------------------------------------------------------------
