@@ -88,8 +88,9 @@ def test_every_key_is_documented_once_with_its_description():
             assert key in rows, f"{key} is not documented"
         else:
             assert len(rows.get(key, [])) == 1, f"{key} should be documented exactly once"
-        line = rows[key][0]
-        assert " ".join(info.description.split()).replace("|", "\\|") in line, f"{key}: description not in {line}"
+        described = " ".join(info.description.split()).replace("|", "\\|")
+        # backends share option names (dtype, path): each backend's row carries its own description
+        assert any(described in line for line in rows[key]), f"{key}: description not in {rows[key]}"
 
 
 def test_known_paths_types_and_defaults():
