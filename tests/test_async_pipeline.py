@@ -129,3 +129,25 @@ def test_batched_grpo_advantages_are_verls_bit_for_bit():
         expected, _ = compute_grpo_outcome_advantage(scores.clone(), torch.ones_like(scores), np.array(keys, object),
                                                      norm_adv_by_std_in_grpo=norm)
         assert torch.equal(grouped_advantages(scores, keys, norm), expected)
+
+
+def test_the_bound_drops_late_pipeline_turns_but_keeps_replayed_ones():
+    from tests.conftest import EXAMPLES
+    from unimas.config_file import load_config
+    from unimas.credit import CreditedTurn
+    from unimas.pipeline import WeightVersions
+    from unimas.trajectory import GraphTrajectory, TurnNode
+
+    config = load_config(EXAMPLES / "quickstart_separate.yaml")  # max_staleness 0, stale_turns drop
+    episode = GraphTrajectory("e", "t")
+
+    def turn(version: int, staleness: int = 0) -> CreditedTurn:
+        node = TurnNode(id=f"speaker#{version}", role="speaker", model_group="speaker_model", prompt="",
+                        weight_version=version, staleness=staleness)
+        return CreditedTurn(episode, node, "t|speaker")
+
+    versions = WeightVersions(config, {"speaker_model": 3})
+    fresh, late, replayed = turn(3), turn(2), turn(1, staleness=2)
+    kept, metrics = versions.admit([fresh, late, replayed])
+    assert kept == [fresh, replayed] and (fresh.turn.staleness, late.turn.staleness) == (0, 1)
+    assert metrics["group/speaker_model/stale_dropped"] == 1 and metrics["group/speaker_model/staleness_max"] == 2

@@ -109,6 +109,9 @@ class WeightVersions:
     def admit(self, credited: list[CreditedTurn]) -> tuple[list[CreditedTurn], dict[str, float]]:
         """Write each turn's staleness; drop turns past their group's bound (``stale_turns: drop``).
 
+        A turn that arrives with a staleness already (an episode replay mixed in) is trained as it is: the
+        bound is about the pipeline, and the group still corrects such a turn by its importance ratio.
+
         Returns the turns to train and ``group/<g>/staleness_mean|max`` and ``stale_dropped``.
         """
         kept: list[CreditedTurn] = []
@@ -116,6 +119,10 @@ class WeightVersions:
         dropped: dict[str, int] = defaultdict(int)
         for c in credited:
             group = self.config.roles[c.turn.role].model
+            if c.turn.staleness > 0:  # mixed in by replay (unimas/replay.py), on purpose: kept, as recorded
+                seen[group].append(c.turn.staleness)
+                kept.append(c)
+                continue
             version = c.turn.weight_version
             staleness = 0 if version is None else self.versions[group] - version
             c.turn.staleness = staleness
