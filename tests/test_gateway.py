@@ -108,6 +108,13 @@ async def probing_agent(task: dict, base_url: str) -> dict:
             "stream_end": [streamed[-1].choices[0].finish_reason, streamed[-1].usage.completion_tokens]}
 
 
+async def long_prompt_agent(task: dict, base_url: str) -> dict:
+    """Sends a prompt over the context of a role with `truncation: error`, then gives up (raises)."""
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    await client.chat.completions.create(model="speaker", messages=[{"role": "user", "content": "word " * 2000}])
+    return {}
+
+
 # -- tests ------------------------------------------------------------------------------------------------------
 
 def test_gateway_and_native_workflow_record_the_same_graph(chat_model):
@@ -235,3 +242,11 @@ def test_consumed_edges_need_the_whole_output_not_a_piece_of_a_word():
     assert consumed("target: banana") == []  # "a" only inside a word
     assert consumed("the critic said: looks fine.") == ["critic#0"]
     assert consumed("it looks fine.x") == []  # "looks fine." is followed by a word character, so it is not whole
+
+
+def test_a_failed_turn_is_the_episodes_error_even_when_the_agent_gives_up(chat_model):
+    tree = team(chat_model, {"agent": {"function": "tests.test_gateway:long_prompt_agent"}})
+    tree["roles"]["speaker"]["truncation"] = "error"
+    [trajectory], _ = run_episodes(tree, [{"target": "a"}])
+    assert trajectory.failed and "PromptTooLong" in trajectory.error and "roles.speaker.truncation" in trajectory.error
+    assert trajectory.turns()[0].truncated

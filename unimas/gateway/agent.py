@@ -91,14 +91,21 @@ class AgentWorkflow:
 
     async def __call__(self, ctx: EpisodeContext, task: dict) -> dict[str, Any]:
         with self.gateway.episode(ctx) as episode:
-            base_url = self.gateway.base_url(episode)
-            if self.function is not None:
-                outcome = await bounded(self.function(dict(task), base_url), self.config.timeout_s, "the agent")
-                if not isinstance(outcome, Mapping):
-                    raise AgentFailed(f"the agent function returned {type(outcome).__name__}, not a dict")
-            else:
-                env = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": self.gateway.token}
-                outcome = await run_command(self.config.command, task, env, self.config.timeout_s)
+            try:
+                outcome = await self._run_agent(task, self.gateway.base_url(episode))
+            except Exception:
+                if episode.fatal is None:
+                    raise
+                outcome = {}  # the agent gave up on a failed turn: that failure is the episode's error
         if episode.fatal is not None:
             raise episode.fatal
         return {**outcome, "agent_rewards": episode.rewards}
+
+    async def _run_agent(self, task: dict, base_url: str) -> Mapping[str, Any]:
+        if self.function is None:
+            env = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": self.gateway.token}
+            return await run_command(self.config.command, task, env, self.config.timeout_s)
+        outcome = await bounded(self.function(dict(task), base_url), self.config.timeout_s, "the agent")
+        if not isinstance(outcome, Mapping):
+            raise AgentFailed(f"the agent function returned {type(outcome).__name__}, not a dict")
+        return outcome
