@@ -151,3 +151,45 @@ def test_the_bound_drops_late_pipeline_turns_but_keeps_replayed_ones():
     kept, metrics = versions.admit([fresh, late, replayed])
     assert kept == [fresh, replayed] and (fresh.turn.staleness, late.turn.staleness) == (0, 1)
     assert metrics["group/speaker_model/stale_dropped"] == 1 and metrics["group/speaker_model/staleness_max"] == 2
+
+
+@pytest.mark.slow  # two process starts: ~20 s on two cores
+def test_a_pipelined_run_killed_with_sigkill_resumes_on_its_saved_rollouts(tmp_path):
+    """SIGKILL inside the step-6 checkpoint write (``rng.pt`` is a FIFO nobody reads); the resume from checkpoint
+    4 trains the rollouts that checkpoint saved for step 5, token for token, and logs every step once."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.async_golden import EXAMPLES, SETTINGS
+    from tests.conftest import REPO
+    from tests.test_kill_resume import kill_when
+    from unimas.pipeline import PENDING
+    from unimas.trajectory import GraphTrajectory, read_jsonl
+
+    run_dir = tmp_path / "run"
+    sets = [*SETTINGS, "algorithm.max_staleness=1", "trainer.steps=6", "trainer.save_every=2", "trainer.eval_every=0",
+            "trainer.sample_trajectories=64"]  # 32 episodes per step: every one is written with its step
+    stalled = run_dir / "checkpoints" / "step_000006" / "speaker_model"
+    stalled.mkdir(parents=True)
+    os.mkfifo(stalled / "rng.pt")
+    command = [sys.executable, "-m", "unimas.cli", "train", str(EXAMPLES / "quickstart_separate.yaml"),
+               "--run-dir", str(run_dir), *sum((["--set", s] for s in sets), [])]
+    with open(tmp_path / "run.log", "w") as log:
+        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=log,
+                                   env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    kill_when(process, lambda: (stalled / "model").exists(), timeout=120)
+    saved = [json.loads(line) for line in (run_dir / "checkpoints" / "step_000004" / PENDING).read_text().splitlines()]
+    assert {record["step"] for record in saved} == {4} and len(saved) == 32  # step 5's rollouts, generated ahead
+
+    records = run("quickstart_separate.yaml", run_dir, sets[len(SETTINGS):], resume=True)
+    assert [r["step"] for r in records] == list(range(7))
+    trained = read_jsonl(run_dir / "trajectories" / "train.jsonl")
+    assert sorted(t.outcome["_step"] for t in trained) == [step for step in range(1, 7) for _ in range(32)]
+    assert len({t.episode_id for t in trained}) == len(trained)  # no episode trained twice
+
+    def tokens(trajectory: GraphTrajectory) -> list[tuple]:
+        return [(n.id, n.weight_version, tuple(n.response_ids)) for n in trajectory.turns()]
+
+    pending = {e["episode"]["episode_id"]: tokens(GraphTrajectory.from_dict(e["episode"])) for e in saved}
+    assert {t.episode_id: tokens(t) for t in trained if t.outcome["_step"] == 5} == pending
