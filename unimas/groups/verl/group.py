@@ -50,7 +50,7 @@ from unimas.groups.torch import chat, sampling
 from unimas.groups.torch import source as source_of
 from unimas.groups.verl import batch as rows_of
 from unimas.groups.verl import platform, prompts
-from unimas.groups.verl.options import VerlOptions, translate
+from unimas.groups.verl.options import SERVER_ROLLOUT, VerlOptions, translate
 from unimas.groups.verl.plan import group_problems
 
 ACTOR_DIR, STATE_FILE, RNG_FILE = "verl_actor", "unimas_group.json", "rollout_rng.pt"
@@ -99,9 +99,15 @@ class VerlModelGroup(ModelGroup):
             if self.configs.reference is not None:
                 self.reference = TrainingWorker(self.configs.reference)
                 self.reference.reset()
-        rollout.register()
-        rollout_class = get_rollout_class(self.configs.rollout.name, self.configs.rollout.mode)
-        self.rollout = rollout_class(config=self.configs.rollout, model_config=self.configs.actor.model_config)
+        if self.configs.rollout.name == SERVER_ROLLOUT:
+            from unimas.groups.verl.servers import ServerRollout
+
+            self.rollout = ServerRollout(self.configs, self.actor)
+            weakref.finalize(self, self.rollout.close)
+        else:
+            rollout.register()
+            rollout_class = get_rollout_class(self.configs.rollout.name, self.configs.rollout.mode)
+            self.rollout = rollout_class(config=self.configs.rollout, model_config=self.configs.actor.model_config)
         self.weight_version = 0
         self.last_sync_diff: Optional[float] = None
         """Largest |rollout - trainer| log-prob measured after the latest sync (None before any check)."""
@@ -148,6 +154,10 @@ class VerlModelGroup(ModelGroup):
         """Send the actor's weights (HF-named full tensors) to the rollout, tagged with the weight version."""
         from unimas.groups.verl.rollout import run_sync
 
+        if self.configs.rollout.name == SERVER_ROLLOUT:
+            with self._rollout_lock:
+                self.rollout.sync(self.weight_version)  # verl's checkpoint-engine manager (servers.py)
+            return
         weights, _ = self.actor.engine.get_per_tensor_param()
         with self._rollout_lock:
             run_sync(self.rollout.update_weights(weights, global_steps=self.weight_version))

@@ -24,6 +24,9 @@ from unimas.groups.verl import names
 ROLLOUT_NAMES = {"hf": "unimas_hf", "vllm": "vllm"}
 """unimas rollout name -> the key verl's rollout registries know it by."""
 
+SERVER_ROLLOUT = "unimas_hf_server"
+"""verl registry key of the ``hf`` rollout served by a Ray actor (server mode, :mod:`.servers`)."""
+
 PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 
 
@@ -52,6 +55,9 @@ class VerlOptions(BaseModel):
                                            "(CPU or GPU), `vllm` = verl's vLLM servers (GPU, `unimas[gpu]`)")
     rollout_mode: Literal["hybrid", "standalone"] = Field(
         "hybrid", description="hybrid = rollout shares the trainer's devices; standalone = its own GPUs")
+    rollout_server: bool = Field(False, description="generate through verl's rollout servers (a Ray actor per "
+                                 "group, verl's load balancer) and sync weights through verl's checkpoint engine "
+                                 "(naive); false = the rollout lives in the group's process")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of GPU memory for the vLLM cache")
     remove_padding: bool = Field(True, description="verl remove-padding (packed sequences) forward")
@@ -136,7 +142,8 @@ def rollout_config(spec: GroupSpec, options: VerlOptions):
     """verl's rollout settings; the group name travels in ``custom`` so servers and sockets are per group."""
     from verl.workers.config import RolloutConfig
 
-    return _apply(RolloutConfig(name=ROLLOUT_NAMES[options.rollout], mode="async",
+    name = SERVER_ROLLOUT if options.rollout_server else ROLLOUT_NAMES[options.rollout]
+    return _apply(RolloutConfig(name=name, mode="async",
                                 tensor_model_parallel_size=options.tensor_parallel_size,
                                 gpu_memory_utilization=options.gpu_memory_utilization, seed=spec.seed,
                                 dtype="bfloat16" if options.dtype == "bfloat16" else "float32",

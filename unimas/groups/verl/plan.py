@@ -67,6 +67,9 @@ def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, ada
                          "verl backend yet; train the full model (drop the role's adapter) or use backend: torch"))
     if group.optim.schedule == "linear":
         problems.append((f"{where}.optim.schedule", "verl has constant and cosine schedules only"))
+    if options.rollout_server and (options.rollout != "hf" or not group.trainable):
+        problems.append((f"{where}.options.rollout_server", "server mode serves the hf rollout of a trained group "
+                         "(rollout: hf, trainable: true); drop rollout_server for this group"))
     if options.rollout_mode == "standalone":
         problems.append((f"{where}.options.rollout_mode", "standalone rollout (own GPUs, NCCL weight sync) is not "
                          "implemented yet; use hybrid"))
@@ -103,6 +106,8 @@ def plan_lines(config: ExperimentConfig) -> list[str]:
         rollout = options.rollout
         if rollout == "vllm":
             rollout += (f" TP {options.tensor_parallel_size}, memory fraction {options.gpu_memory_utilization:g}")
+        if options.rollout_server:
+            rollout += " served by a Ray actor through verl's LLMServerManager, synced by its checkpoint engine"
         trained = "trained" if config.models[name].trainable else "frozen"
         lines.append(f"  verl group {name}: {trained}, {options.strategy} engine on {device}, rollout {rollout} "
                      f"({options.rollout_mode}: colocated with its trainer), weight sync after every update")
