@@ -32,6 +32,7 @@ import ray
 import torch
 
 from unimas.config import GenerationConfig
+from unimas.errors import UserError
 from unimas.groups.verl import names
 from unimas.groups.verl.options import SERVER_ROLLOUT
 from unimas.groups.verl.rollout import HFRollout, _base_class, run_sync
@@ -203,10 +204,15 @@ class ServerRollout:
         from verl.workers.rollout.base import get_rollout_class
         from verl.workers.rollout.llm_server import LLMServerManager
 
-        ensure_ray()
-        register()
         rollout_config = configs.rollout
         self.group = rollout_config.custom["group"]
+        try:
+            import cachetools  # noqa: F401 - verl's load balancer needs it; say so before Ray starts
+        except ImportError:
+            raise UserError("server mode needs the cachetools package (verl's load balancer imports it): "
+                            "pip install cachetools", where=f"models.{self.group}.options.rollout_server") from None
+        ensure_ray()
+        register()
         verl_view = types.SimpleNamespace(actor_rollout_ref=types.SimpleNamespace(
             rollout=rollout_config, model=configs.actor.model_config))
         adapter = get_rollout_class(rollout_config.name, rollout_config.mode)(
@@ -220,6 +226,7 @@ class ServerRollout:
                                                    actor_wg=self.actor_group, replicas=self.replicas)
         self.generator = _RemoteGenerator(self.server)
         self._requests = itertools.count()
+        self._version: Optional[int] = ray.get(self.server.weight_version.remote())
 
     @property
     def server_names(self) -> list[str]:
@@ -228,11 +235,13 @@ class ServerRollout:
 
     @property
     def weight_version(self) -> Optional[int]:
-        return ray.get(self.server.weight_version.remote())
+        """The version the server last reported (after a sync, or with its latest answers)."""
+        return self._version
 
     def sync(self, global_steps: int) -> None:
         """verl's naive checkpoint-engine sync of the in-process trainer's weights to the server."""
         self.checkpoints.update_weights(global_steps=global_steps)
+        self._version = ray.get(self.server.weight_version.remote())
 
     def generate(self, prompts: Sequence[list[int]], gen: GenerationConfig, greedy: bool, eos_ids: Sequence[int],
                  pad_id: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -247,6 +256,8 @@ class ServerRollout:
                                      sampling_params=params) for prompt in prompts])
 
         outputs = run_sync(every_prompt())
+        if outputs:
+            self._version = outputs[-1].extra_fields["global_steps"]
         return [list(o.token_ids) for o in outputs], [list(o.log_probs or []) for o in outputs]
 
     def logprobs(self, prompts: Sequence[list[int]], responses: Sequence[list[int]],
