@@ -7,12 +7,6 @@ import math
 
 import pytest
 import torch
-
-from unimas.controller.episodes import EpisodeSpec
-from unimas.credit import CreditedTurn
-from unimas.groups.base import TrainTurn
-from unimas.trajectory import GraphTrajectory, TurnNode
-from unimas.update_order import execution_order, update_groups
 from unimas_plugins.methods.branching import choose_forks
 from unimas_plugins.methods.budget import extra_samples
 from unimas_plugins.methods.counterfactual import counterfactual
@@ -23,6 +17,12 @@ from unimas_plugins.methods.m2po import m2po, second_moment_mask
 from unimas_plugins.methods.passthrough import passthrough
 from unimas_plugins.methods.replay import VerifiedSuccesses
 from unimas_plugins.methods.seeupo import ReverseExecution
+
+from unimas.controller.episodes import EpisodeSpec
+from unimas.credit import CreditedTurn
+from unimas.groups.base import TrainTurn
+from unimas.trajectory import GraphTrajectory, TurnNode
+from unimas.update_order import execution_order, update_groups
 
 
 def episode(eid, task, turns, reward, **fields):
