@@ -13,7 +13,9 @@ One :class:`VerlModelGroup` hosts, in this process:
   group's rollout (``unimas_hf``, see :mod:`.rollout`). It holds its own copy
   of the weights, which change only through a weight sync after each update;
   every sync is checked: the rollout's log-probs on the tokens just trained
-  must equal the trainer's (``options.sync_tolerance``).
+  must equal the trainer's (``options.sync_tolerance``). With
+  ``options.rollout_server`` the rollout is a Ray actor reached through verl's
+  server and checkpoint-engine managers instead (:mod:`.servers`).
 
 Several groups in one process each build their own FSDP2 module on the same
 one-rank process group, so their weights never mix. The groups' verl-side
