@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 from unimas.cli import main
 from unimas.trajectory import read_jsonl
 
+pytestmark = pytest.mark.slow  # a Python process importing openai per episode: tens of seconds on 2 cores
+
 STEPS = 3
 REPO = Path(__file__).resolve().parents[1]
 
