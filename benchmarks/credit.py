@@ -63,6 +63,8 @@ METHODS = {
     "adaptive_budget": ("algorithm.rollout={name: adaptive_budget, params: {probe: 4}}",),
     "replay": ("algorithm.replay={name: verified_successes, params: {revisit: 0.25}}",
                "algorithm.stale_turns=reweight"),
+    "replay+m2po": ("algorithm.replay={name: verified_successes, params: {revisit: 0.25}}",
+                    "algorithm.stale_turns=reweight", "algorithm.loss=m2po"),
     "seeupo": ("algorithm.update_order={name: reverse_execution}",),
     "m2po": ("algorithm.loss=m2po",),
 }
