@@ -5,10 +5,12 @@ of importance weights; masks only extreme outliers under high staleness".
 With ``r = log pi_new - log pi_old`` per token, the tokens with the largest
 ``|r|`` are masked, one by one, until the mean of ``r**2`` over the remaining
 tokens is at most ``tau`` (``algorithm.loss_params`` do not exist, so ``tau``
-is the clip config's ``clip_ratio ** 2 / 4``: 0.01 for the default 0.2). Fresh
-on-policy batches mask nothing; only replayed or lagging turns (see
-``staleness``) lose their outliers. The surviving tokens get the unclipped
-importance-weighted policy gradient ``-A * exp(r)``.
+is the clip config's ``clip_ratio ** 2 / 4``: 0.01 for the default 0.2). The
+surviving tokens get the unclipped importance-weighted policy gradient
+``-A * exp(r)``. A first pass over fresh turns masks nothing (``r = 0``); later
+epochs or mini-batches do. The torch backend trains stale turns with decoupled
+PPO (``old_log_prob`` is the proximal policy, staleness is a capped weight on the
+advantage), so staleness alone does not reach this loss's ratios.
 """
 
 from __future__ import annotations
