@@ -100,3 +100,19 @@ def test_sync_through_the_checkpoint_engine_matches_the_trainer_and_isolates_gro
         assert gap(after, a.trainer_logprobs(FIXED)) <= 1e-5
         assert a.last_sync_diff <= 1e-5
         assert served(b) == b_served and b.rollout.weight_version == 0
+
+
+def test_load_restores_the_servers_weights_version_and_sampling_state(groups, tmp_path):
+    b = groups["srv_b"]
+    b.save(tmp_path / "b")
+    version, logprobs = b.weight_version, served(b)
+    one = [GenRequest(prompt="L:c", generation=GEN)]
+    sampled = b.generate(one)[0].response_ids
+    results = b.generate([GenRequest(prompt=p, generation=GEN) for p in ("L:a", "L:b")])
+    b.update([TrainTurn(r.prompt_ids, r.response_ids, r.logprobs, adv, temperature=1.0,
+                        weight_version=r.weight_version) for r, adv in zip(results, (1.0, -1.0))])
+    assert b.rollout.weight_version == version + 1 and gap(served(b), logprobs) > 1e-3
+    b.load(tmp_path / "b")
+    assert b.weight_version == b.rollout.weight_version == version
+    assert gap(served(b), logprobs) <= 1e-6
+    assert b.generate(one)[0].response_ids == sampled  # the server's generator came back with the checkpoint
