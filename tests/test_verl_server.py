@@ -52,10 +52,13 @@ def test_validation_accepts_trained_hf_groups_and_refuses_the_rest():
 @pytest.fixture(scope="module")
 def groups():
     cfg, registry = config_from_dict(experiment()), build_registry()
+    ray_before = ray.is_initialized()
     built = {name: build_group(cfg, registry, name) for name in ("srv_a", "srv_b")}
     yield built
     for group in built.values():
         group.rollout.close()
+    if not ray_before:
+        ray.shutdown()  # the groups started a local Ray job; later tests start their own
 
 
 def served(group, turns=FIXED):
