@@ -107,13 +107,14 @@ class EpisodeContext:
         _parse(node, spec, self._parsers.get(role))
         return node
 
-    async def chat(self, role: str, messages: list[dict[str, str]], *, after: Iterable[Any] = (),
-                   **overrides: Any) -> TurnNode:
+    async def chat(self, role: str, messages: list[dict[str, Any]], *, after: Iterable[Any] = (),
+                   tools: list[dict[str, Any]] | None = None, **overrides: Any) -> TurnNode:
         """A role turn on chat messages written by someone else (the OpenAI gateway's agents).
 
         Unlike ``act`` there is no template and no ``memory``: the messages are
         the whole prompt. ``overrides`` replace ``generation`` fields for this
-        turn (e.g. ``max_new_tokens``); ``after`` names the turns it consumed.
+        turn (e.g. ``max_new_tokens``); ``after`` names the turns it consumed;
+        ``tools``: function definitions for the chat template.
         The role's previous turn is offered as the continuation, which the
         group uses only when these messages extend that conversation.
         """
@@ -132,7 +133,7 @@ class EpisodeContext:
         prompt = "".join(m["content"] for m in messages)
         request = GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy,
                              messages=messages, continuation=continuation, use_chat_template=spec.chat != "off",
-                             allow_truncation=spec.truncation == "left")
+                             allow_truncation=spec.truncation == "left", tools=tools)
         started = time.perf_counter()
         result = await self._router.submit(spec.model, request, episode=self.trajectory.episode_id)
         user_inputs = [m["content"] for m in messages if m["role"] == "user"]

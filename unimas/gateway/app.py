@@ -56,7 +56,7 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None) -> FastAPI:
         call = parse_chat(parse_json(await request.body()), set(roles), sampling=isinstance(session, Serving))
         turn = await session.chat(call)
         prefix = f"{session.key}:" if isinstance(session, Episode) else ""
-        done = completion(turn, f"chatcmpl-{prefix}{turn.id}")
+        done = completion(turn, f"chatcmpl-{prefix}{turn.id}", tools=bool(call.tools))
         return StreamingResponse(stream_events(done), media_type="text/event-stream") if call.stream else done
 
     async def reward(request: Request, key: str) -> dict:

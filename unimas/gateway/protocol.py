@@ -13,30 +13,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from unimas.gateway.errors import GatewayError
+from unimas.gateway.tool_calls import assistant_calls, parse_tools, split_calls
 from unimas.trajectory import TurnNode
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """Larger bodies are refused with 413 before they are parsed."""
 
-MESSAGE_ROLES = {"system", "developer", "user", "assistant"}
+MESSAGE_ROLES = {"system", "developer", "user", "assistant", "tool"}
 UNSUPPORTED = {
-    "tools": "tool definitions are not passed to the chat template yet",
-    "tool_choice": "tool definitions are not passed to the chat template yet",
     "functions": "function definitions are not supported",
     "stop": "stop sequences would cut the sampled tokens the turn is trained on",
 }
-
-
-class GatewayError(Exception):
-    """A refused request: becomes ``{"error": {...}}`` with this HTTP status."""
-
-    def __init__(self, status: int, message: str, code: str = "invalid_request", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
@@ -44,11 +32,13 @@ class ChatCall:
     """One checked ``/chat/completions`` request."""
 
     role: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     overrides: dict[str, Any] = field(default_factory=dict)
     """Generation fields the request sets: ``max_new_tokens`` always; sampling ones only where honoured."""
     stream: bool = False
     """Answer as server-sent events (the whole turn in one chunk: it is generated as one batch item)."""
+    tools: list[dict[str, Any]] | None = None
+    """Function definitions for the chat template; the answer's ``<tool_call>`` blocks become ``tool_calls``."""
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -94,10 +84,10 @@ def parse_chat(body: dict[str, Any], roles: set[str], sampling: bool) -> ChatCal
     stream = body.get("stream", False)
     if not isinstance(stream, bool) and stream is not None:
         raise GatewayError(400, "'stream' must be true or false", param="stream")
-    return ChatCall(role, _messages(body.get("messages")), overrides, stream=bool(stream))
+    return ChatCall(role, _messages(body.get("messages")), overrides, stream=bool(stream), tools=parse_tools(body))
 
 
-def _messages(raw: Any) -> list[dict[str, str]]:
+def _messages(raw: Any) -> list[dict[str, Any]]:
     if not isinstance(raw, list) or not raw:
         raise GatewayError(400, "'messages' must be a non-empty list of {role, content} objects", param="messages")
     messages = []
@@ -106,10 +96,16 @@ def _messages(raw: Any) -> list[dict[str, str]]:
         if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES:
             raise GatewayError(400, f"{where} must be an object whose 'role' is one of "
                                     f"{', '.join(sorted(MESSAGE_ROLES))}", param=where)
-        if message.get("tool_calls"):
-            raise GatewayError(400, f"{where} has tool_calls: {UNSUPPORTED['tools']}", param=where)
         role = "system" if message["role"] == "developer" else message["role"]
-        messages.append({"role": role, "content": _text(message.get("content"), where)})
+        if role == "assistant" and message.get("tool_calls"):
+            content = message.get("content")
+            messages.append({"role": role, "content": "" if content is None else _text(content, where),
+                             "tool_calls": assistant_calls(message, where)})
+            continue
+        converted = {"role": role, "content": _text(message.get("content"), where)}
+        if role == "tool" and message.get("tool_call_id") is not None:
+            converted["tool_call_id"] = str(message["tool_call_id"])
+        messages.append(converted)
     return messages
 
 
@@ -123,15 +119,19 @@ def _text(content: Any, where: str) -> str:
     raise GatewayError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
 
-def completion(turn: TurnNode, completion_id: str) -> dict[str, Any]:
-    """The chat.completion object for a recorded turn."""
+def completion(turn: TurnNode, completion_id: str, tools: bool = False) -> dict[str, Any]:
+    """The chat.completion object for a recorded turn; ``tools``: read tool calls out of its text."""
+    content, calls = split_calls(turn.text, turn.id) if tools else (turn.text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    finish = "tool_calls" if calls else "stop" if turn.finished else "length"
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": turn.role,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.text},
-                     "finish_reason": "stop" if turn.finished else "length", "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
         "usage": {"prompt_tokens": len(turn.prompt_ids), "completion_tokens": len(turn.response_ids),
                   "total_tokens": len(turn.prompt_ids) + len(turn.response_ids)},
     }
@@ -141,8 +141,11 @@ def stream_events(done: dict[str, Any]) -> Iterator[str]:
     """A finished completion as ``chat.completion.chunk`` server-sent events: the text, the finish, ``[DONE]``."""
     choice = done["choices"][0]
     head = {key: done[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    delta = dict(choice["message"])
+    if "tool_calls" in delta:  # streamed calls carry their position
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
     chunks = [
-        {**head, "choices": [{"index": 0, "delta": choice["message"], "finish_reason": None}]},
+        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
         {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
          "usage": done["usage"]},
     ]

@@ -18,19 +18,25 @@ from unimas.config import RoleConfig
 from unimas.controller.context import EpisodeContext, PromptTooLong
 from unimas.controller.router import Router
 from unimas.gateway.protocol import ChatCall, GatewayError
+from unimas.gateway.tool_calls import called_turn_ids
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 
-def consumed_turns(trajectory: GraphTrajectory, messages: list[dict[str, str]]) -> list[TurnNode]:
-    """Earlier turns whose output the request's messages contain as a whole (not inside a longer word).
+def consumed_turns(trajectory: GraphTrajectory, messages: list[dict[str, Any]]) -> list[TurnNode]:
+    """Earlier turns whose output the request's messages contain as a whole (not inside a longer word),
+    or whose tool calls they send back.
 
     This is how a gateway turn gets the "consumed" edges a native workflow
     states by passing a node as a template variable: the agent pasted that
     output into this prompt.
     """
+    called = called_turn_ids(messages)
     found = []
     for turn in trajectory.turns():
         text = turn.text.strip()
+        if turn.id in called:
+            found.append(turn)
+            continue
         if not text:
             continue
         pattern = re.compile(r"(?<!\w)" + re.escape(text) + r"(?!\w)")
@@ -90,7 +96,7 @@ class Episode:
     async def _turn(self, call: ChatCall, overrides: dict[str, Any]) -> TurnNode:
         """On the episode's loop, so the graph is read and extended by one thread only."""
         after = consumed_turns(self.context.trajectory, call.messages)
-        return await self.context.chat(call.role, call.messages, after=after, **overrides)
+        return await self.context.chat(call.role, call.messages, after=after, tools=call.tools, **overrides)
 
     def post_reward(self, body: dict[str, Any]) -> dict[str, Any]:
         """Record ``{"turn": <turn or completion id>, "reward": <number>}`` for one of this episode's turns."""
@@ -123,7 +129,7 @@ class Serving:
         trajectory = GraphTrajectory(episode_id=f"serve-{self.served}", task_id="serve")
         context = EpisodeContext(trajectory, self.roles, self.router, tools={})
         try:
-            return await context.chat(call.role, call.messages, **call.overrides)
+            return await context.chat(call.role, call.messages, tools=call.tools, **call.overrides)
         except PromptTooLong as exc:
             raise GatewayError(400, str(exc), code="context_length_exceeded") from None
         except Exception as exc:  # noqa: BLE001 - one failed request never stops the server

@@ -54,6 +54,8 @@ class GenRequest:
     """False: render ``messages`` as plain text even when the tokenizer has a chat template."""
     allow_truncation: bool = True
     """False: a prompt longer than the context is not cut: the result comes back empty with ``truncated``."""
+    tools: Optional[list[dict[str, Any]]] = None
+    """Function definitions handed to the chat template with ``messages`` (the gateway's ``tools``)."""
 
 
 @dataclass

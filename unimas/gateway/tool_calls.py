@@ -1,0 +1,107 @@
+"""Function calling through the gateway: tool definitions in, tool calls out.
+
+Tool definitions and the tool-call / tool-result messages of a conversation
+go to the model's chat template (``apply_chat_template(..., tools=...)``),
+which is where each model family's own tool format lives. A template that
+does not mention tools leaves them out (as transformers does); the recorded
+prompt of the turn shows what the model saw.
+
+Out of the generated text, calls are read in the Hermes format that Qwen2.5,
+Hermes and many other open models are trained on: one JSON object
+``{"name": ..., "arguments": {...}}`` per ``<tool_call>...</tool_call>``
+block. Only well-formed blocks become ``tool_calls``; the rest of the text
+stays the message content. The model's output is data: it is only ever
+parsed as JSON.
+
+Call ids are ``call-<turn id>-<n>``: when an agent later sends the call back
+(the assistant message with ``tool_calls``, then the ``tool`` result), the
+gateway knows which turn it came from and records the "consumed" edge.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from unimas.gateway.errors import GatewayError
+
+CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+MAX_TOOLS = 64
+
+
+def parse_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The request's ``tools`` (function definitions), checked; None when it has none."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise GatewayError(400, "'tool_choice' may be 'auto' or 'none': the gateway samples the model's own "
+                                "choice and cannot force a call", param="tool_choice")
+    if tools in (None, []) or choice == "none":
+        return None
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise GatewayError(400, f"'tools' must be a list of at most {MAX_TOOLS} function definitions", param="tools")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not (isinstance(tool, dict) and tool.get("type") == "function" and isinstance(function, dict)
+                and isinstance(function.get("name"), str) and function["name"]):
+            raise GatewayError(400, f"tools[{i}] must be {{type: function, function: {{name, description, "
+                                    "parameters}}}}", param=f"tools[{i}]")
+    return tools
+
+
+def assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as chat templates take them (arguments as an object)."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        raise GatewayError(400, f"{where}.tool_calls must be a list", param=f"{where}.tool_calls")
+    converted = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise GatewayError(400, f"{where}.tool_calls[{j}] must carry function.name and function.arguments",
+                               param=f"{where}.tool_calls[{j}]")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                pass  # not JSON: the template shows it as the agent sent it
+        converted.append({"id": str(call.get("id", "")), "type": "function",
+                          "function": {"name": function["name"], "arguments": arguments}})
+    return converted
+
+
+def called_turn_ids(messages: list[dict[str, Any]]) -> set[str]:
+    """Turn ids named by the call ids of assistant ``tool_calls`` and ``tool`` results in the messages."""
+    ids = set()
+    for message in messages:
+        names = [call.get("id", "") for call in message.get("tool_calls") or []]
+        names.append(message.get("tool_call_id") or "")
+        ids.update(match.group(1) for name in names if (match := re.fullmatch(r"call-(.+)-\d+", str(name))))
+    return ids
+
+
+def split_calls(text: str, turn_id: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """``(content, tool_calls)`` of a generated text: well-formed ``<tool_call>`` blocks become calls."""
+    calls = []
+    kept = []
+    position = 0
+    for match in CALL_BLOCK.finditer(text):
+        try:
+            call = json.loads(match.group(1))
+        except ValueError:
+            continue
+        if not (isinstance(call, dict) and isinstance(call.get("name"), str) and call["name"]):
+            continue
+        arguments = call.get("arguments", {})
+        calls.append({"id": f"call-{turn_id}-{len(calls)}", "type": "function",
+                      "function": {"name": call["name"],
+                                   "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
+        kept.append(text[position:match.start()])
+        position = match.end()
+    if not calls:
+        return text, []
+    kept.append(text[position:])
+    content = "".join(kept).strip()
+    return content or None, calls
