@@ -93,7 +93,7 @@ async def probing_agent(task: dict, base_url: str) -> dict:
                 "content-type": "application/json"}),
             "no_messages": await http.post(url, json={"model": "speaker"}),
             "two_choices": await http.post(url, json={**good, "n": 2}),
-            "tools": await http.post(url, json={**good, "tools": [{"type": "function"}]}),
+            "tools": await http.post(url, json={**good, "tools": [{"type": "function"}]}),  # no function: malformed
             "oversized": await http.post(url, content=b" " * (5 * 1024 * 1024)),
             "bad_reward": await http.post(f"{base_url}/rewards", json={"turn": "speaker#9", "reward": 1}),
             "other_episode": await http.post(url.replace("/e/", "/e/x"), json=good),
