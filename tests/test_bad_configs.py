@@ -226,6 +226,12 @@ CASES = [
                                           lambda c, m: c.update(data=ODD_DATA)), ("data.name", "list of dicts")),
     Case("dataset-raises", plugin(DATASET_PLUGIN.format(rows="1 / 0"), lambda c, m: c.update(data=ODD_DATA)),
          ("dataset 'odd' failed", "ZeroDivisionError")),
+    # -- algorithm plugins (docs/algorithms.md): a misspelt name is caught by validate, before any model loads
+    Case("unknown-rollout-control", setting("algorithm.rollout", {"name": "entropy_brnch"}),
+         ("algorithm.rollout.name", "entropy_brnch", "entropy_branch")),
+    Case("unknown-update-order", setting("algorithm.update_order", {"name": "reverse"}),
+         ("algorithm.update_order.name", "reverse_execution")),
+    Case("unknown-credit-shaper", setting("algorithm.credit", {"name": "hgpo2"}), ("algorithm.credit.name", "hgpo")),
     # -- plugin modules
     Case("plugin-syntax-error", plugin("def broken(:\n"), ("cannot import plugin module", "SyntaxError")),
     Case("plugin-raises-on-import", plugin("raise RuntimeError('no GPU here')\n"),

@@ -20,6 +20,10 @@ from unimas.report.data import model_mapping
 from unimas.workflow.graph import check_graph
 from unimas.workflow.templates import render, template_fields
 
+ALGORITHM_PLUGINS = {"rollout": "rollout_controls", "replay": "replay_buffers", "update_order": "update_orders",
+                     "credit": "credit_shapers"}
+"""``algorithm.<field>`` -> the registry kind its ``name`` must be registered under."""
+
 TASK_SAMPLE = 64
 """Tasks of the train split whose keys and values are checked against the roles."""
 
@@ -48,6 +52,12 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
         if group.snapshot is not None:
             problems.extend(_snapshot_problems(config, name))
     problems.extend(verl_plan.config_problems(config))
+
+    for field, kind in ALGORITHM_PLUGINS.items():
+        entry = getattr(config.algorithm, field)
+        if entry is not None and not registry.has(kind, entry.name):
+            add(f"algorithm.{field}.name", f"unknown {kind[:-1].replace('_', ' ')} '{entry.name}'; registered: "
+                f"{', '.join(registry.names(kind)) or 'none'}{registry.broken_hint()}")
 
     options = _group_options(config, registry)
     for name, role in config.roles.items():
