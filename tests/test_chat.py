@@ -127,3 +127,29 @@ def test_the_chat_quickstart_learns(chat_model, tmp_path, repo):
                  "--set", "trainer.steps=60"]) == 0
     evals = [r["eval/accuracy"] for r in read_metrics(run / "metrics.jsonl") if "eval/accuracy" in r]
     assert evals[0] <= 0.7 and evals[-1] >= evals[0] + 0.25 and evals[-1] >= 0.95
+
+
+def test_plain_prompt_ids_tokenise_each_text_once_and_hand_out_copies():
+    from unimas.groups.torch.chars import build_char_tokenizer
+    from unimas.groups.torch.chat import PlainPromptIds
+
+    class Counting:
+        """The char tokenizer, counting the texts it is asked to encode."""
+
+        def __init__(self):
+            self.inner, self.texts = build_char_tokenizer("abc"), []
+
+        def __call__(self, texts, **kwargs):
+            self.texts += texts
+            return self.inner(texts, **kwargs)
+
+    tokenizer = Counting()
+    prompt_ids = PlainPromptIds(tokenizer, capacity=3)
+    first = prompt_ids(["ab", "ab", "c"])
+    assert first == tokenizer.inner(["ab", "ab", "c"], add_special_tokens=True)["input_ids"]
+    first[0].append(99)  # a caller's list is its own
+    assert prompt_ids(["ab", "c"]) == [first[1], first[2]]  # the memo kept its own copy of "ab"
+    assert tokenizer.texts == ["ab", "c"]  # repeated texts were not tokenised again
+    prompt_ids(["ba", "cc"])  # 2 + 2 texts > capacity 3: the memo starts over
+    prompt_ids(["ab"])
+    assert tokenizer.texts == ["ab", "c", "ba", "cc", "ab"]

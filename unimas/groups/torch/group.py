@@ -69,6 +69,7 @@ class TorchModelGroup(ModelGroup):
         self.config = config
         self.trainable = config.trainable
         self.tokenizer = tokenizer
+        self.plain_prompt_ids = chat.PlainPromptIds(tokenizer)
         self.pad_id: int = tokenizer.pad_token_id
         self.unk_id: Optional[int] = tokenizer.unk_token_id  # read per prompt: the tokenizer property is slow
         self.device = device
@@ -218,8 +219,8 @@ class TorchModelGroup(ModelGroup):
     # ------------------------------------------------------------ generation
 
     def fit_prompts(self, texts: Sequence[str], reserve: int) -> list[list[int]]:
-        """Token ids of plain prompts (one tokenizer call for the batch), each fitted by :meth:`_fit_prompt`."""
-        encoded = self.tokenizer(list(texts), add_special_tokens=True)["input_ids"]
+        """Token ids of plain prompts (tokenised once per distinct text), each fitted by :meth:`_fit_prompt`."""
+        encoded = self.plain_prompt_ids(texts)
         return [self._fit_prompt(text, ids, reserve) for text, ids in zip(texts, encoded)]
 
     def render_prompts(self, requests: Sequence[GenRequest], reserve: int) -> list[chat.RenderedPrompt]:
@@ -233,13 +234,13 @@ class TorchModelGroup(ModelGroup):
         plain = [i for i, r in enumerate(requests) if r.continuation is None and not uses_chat[i]]
         prompts: list[Optional[chat.RenderedPrompt]] = [None] * len(requests)
         if plain:
-            encoded = self.tokenizer([requests[i].prompt for i in plain], add_special_tokens=True)["input_ids"]
-            for i, ids in zip(plain, encoded):
+            for i, ids in zip(plain, self.plain_prompt_ids([requests[i].prompt for i in plain])):
                 prompts[i] = chat.RenderedPrompt(ids, "", continued=False)
         for i, request in enumerate(requests):
             if prompts[i] is None:
-                render = chat.render_chat if uses_chat[i] else chat.render_plain
-                prompts[i] = render(self.tokenizer, request.messages or [], request.continuation)
+                messages, continuation = request.messages or [], request.continuation
+                prompts[i] = (chat.render_chat(self.tokenizer, messages, continuation, tools=request.tools)
+                              if uses_chat[i] else chat.render_plain(self.tokenizer, messages, continuation))
         limit = None if self.max_positions is None else self.max_positions - reserve
         for prompt, request in zip(prompts, requests):
             prompt.truncated = limit is not None and len(prompt.ids) > limit
@@ -302,9 +303,10 @@ class TorchModelGroup(ModelGroup):
                         greedy: bool, adapter: Optional[str]) -> list[GenResult]:
         """Sample the requests whose prompts fit; a prompt too long and not allowed to be cut gets no response."""
         prompts = self.render_prompts(requests, gen.max_new_tokens)
-        run = [i for i, (p, r) in enumerate(zip(prompts, requests)) if r.allow_truncation or not p.truncated]
-        results = [GenResult(text="", prompt_ids=p.ids, response_ids=[], logprobs=[], finished=False,
-                             prompt_text=p.text, truncated=True) for p in prompts]
+        fits = [r.allow_truncation or not p.truncated for p, r in zip(prompts, requests)]
+        run = [i for i, ok in enumerate(fits) if ok]
+        results = [None if ok else GenResult(text="", prompt_ids=p.ids, response_ids=[], logprobs=[], finished=False,
+                                             prompt_text=p.text, truncated=True) for p, ok in zip(prompts, fits)]
         if run:
             batch = layout_batch([prompts[i].ids for i in run], [[]] * len(run), self.pad_id, self.device)
             with self.route(model, adapter):
