@@ -1,3 +1,6 @@
+import json
+from dataclasses import dataclass
+
 import networkx as nx
 
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode, read_jsonl, write_jsonl
@@ -22,6 +25,23 @@ def test_json_round_trip_is_lossless(tmp_path):
     assert isinstance(again.node("tool:calc#0"), ToolNode)
     write_jsonl(tmp_path / "t.jsonl", [traj, traj])
     assert [t.to_dict() for t in read_jsonl(tmp_path / "t.jsonl")] == [traj.to_dict()] * 2
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    why: list
+
+
+def test_json_line_is_the_deep_copys_text():
+    """to_json skips to_dict's deep copy; its text must not change (a dataclass parse result, messages,
+    a set that JSON cannot hold)."""
+    traj = sample()
+    traj.node("verifier#0").parsed = Verdict(True, [Verdict(False, ["x"])])
+    traj.node("verifier#0").messages = [{"role": "user", "content": "p"}]
+    traj.node("tool:calc#0").result = {"odd": {3}}
+    assert traj.to_json() == json.dumps(traj.to_dict(), separators=(",", ":"), default=str)
+    assert json.loads(traj.to_json())["nodes"][2]["parsed"] == {"ok": True, "why": [{"ok": False, "why": ["x"]}]}
 
 
 def test_graph_is_a_dag_with_consumed_edges():
