@@ -26,6 +26,12 @@ update, one forward (+ reference forward) and backward and AdamW step on the
 same prompt+response token ids. Floor models are copies of the unimas models,
 so unimas training is not disturbed. overhead = (unimas step − floor) /
 unimas step, median over steps; the two mappings' steps alternate.
+
+``--clock cpu`` times everything in the process's CPU seconds instead of wall
+seconds: on a machine shared with other jobs the scheduler's pauses land on
+whichever phase they interrupt and swamp millisecond differences; CPU time
+counts only work (one torch thread, so the process's CPU time is its work).
+Not with ``--gpu``, where device time is what counts.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import gc
 import importlib.util
 import json
 import sys
@@ -82,6 +89,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mappings", nargs="+", default=["shared", "separate"], choices=["shared", "separate"])
     p.add_argument("--profile", type=int, default=20, metavar="STEPS",
                    help="then profile this many steps of the first mapping with pyinstrument (0: off)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="cpu: time every phase in this process's CPU seconds (time.process_time), not wall "
+                        "seconds; on a loaded machine the scheduler's pauses then stop counting as overhead")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.gpu:
@@ -89,6 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
         if not torch.cuda.is_available():
             p.error("--gpu: no CUDA device is available")
+        if args.clock == "cpu":
+            p.error("--gpu times device work: use the wall clock")
         sized = {a: getattr(args, a) for a in ("hidden", "layers", "heads")}
         if sized == {"hidden": 64, "layers": 2, "heads": 4}:  # not sized on the command line
             args.hidden, args.layers, args.heads = 768, 12, 12
@@ -247,7 +259,8 @@ class Floor:
 class Scheme:
     def __init__(self, mapping: str, args: argparse.Namespace, root: Path):
         self.mapping = mapping
-        self.phases = Phases(track_gc=True)
+        self.clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        self.phases = Phases(clock=self.clock, track_gc=True)
         self.trainer, self.transport = build_unimas(relay_config(mapping, args), root / mapping, self.phases,
                                                     record=True)
         for group in self.transport.groups.values():
@@ -262,10 +275,10 @@ class Scheme:
     async def step(self, measure: bool = True) -> None:
         self.transport.clear_records()
         self.phases.reset()
-        started = time.perf_counter()
+        started = self.clock()
         record = await self.trainer.train_step(self.step_index)
         self.writer.write(record)
-        total = time.perf_counter() - started
+        total = self.clock() - started
         self.step_index += 1
         unimas = self.phases.reset()
         work = self.floor.prepare(self.transport)
@@ -300,6 +313,9 @@ def run(args: argparse.Namespace) -> dict:
     results: dict = {"samples": {}, "profile": None}
     with tempfile.TemporaryDirectory() as tmp:
         schemes = [Scheme(m, args, Path(tmp)) for m in args.mappings]
+        # As Trainer.run does before its first step: models, floor copies and modules out of full GC passes.
+        gc.collect()
+        gc.freeze()
 
         async def loop() -> None:
             for _ in range(args.warmup):
@@ -345,7 +361,8 @@ def report(args: argparse.Namespace, results: dict) -> str:
              "",
              f"{args.tasks} tasks × group {args.group}, ≤{args.new_tokens} new tokens per turn, KL {args.kl:g} "
              f"(reference passes on), tiny Qwen2 h{args.hidden} L{args.layers}; {args.steps} measured steps per "
-             f"mapping after {args.warmup} warm-up, mappings alternating. {machine_line(args.threads)}"
+             f"mapping after {args.warmup} warm-up, mappings alternating; {args.clock} clock. "
+             f"{machine_line(args.threads)}"
              f"{gpu_line(args)}.",
              "",
              "All times are per step, median over steps (ms). Floor = the same prompts and tokens through plain "
