@@ -8,13 +8,15 @@ train on with the fresh ones (:meth:`ReplayBuffer.mix`). A copy joins the
 groups of its task like a fresh episode (same ``task_id``), its rewards are
 re-scored by the run's reward entries, and each of its turns records
 ``staleness`` (steps since it was sampled) so a staleness-tolerant loss and
-the metrics can tell old from new. The buffer lives in memory: it is not part
-of checkpoints, so a resumed run starts with an empty one.
+the metrics can tell old from new. Checkpoints hold what the buffer returns
+from ``state()`` (plain JSON data) and hand it back through ``load_state``, so
+a resumed run replays exactly what an unbroken one would; a buffer without
+these two methods starts empty after a resume.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from unimas.controller.episodes import EpisodeSpec
 from unimas.trajectory import GraphTrajectory
@@ -32,6 +34,12 @@ class ReplayBuffer(Protocol):
 
     def mix(self, fresh: list[GraphTrajectory], session: "RolloutSession") -> list[GraphTrajectory]:
         """Copies of stored episodes (see :func:`replayed_copy`) to train on with ``fresh``."""
+
+    def state(self) -> Any:
+        """Optional: the buffer's contents as JSON data, saved with each checkpoint."""
+
+    def load_state(self, state: Any) -> None:
+        """Optional: restore what :meth:`state` returned (resume)."""
 
 
 def replayed_copy(trajectory: GraphTrajectory, sampled_step: int, step: int, episode_id: str,

@@ -15,6 +15,8 @@ object for all algorithm plugins.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from unimas.controller.episodes import Controller, EpisodeSpec
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
     from unimas.experiment import Experiment
     from unimas.replay import ReplayBuffer
     from unimas.update_order import UpdateOrder
+
+REPLAY_STATE = "replay_state.json"
+"""In a checkpoint: the replay buffer's contents and the last step's episodes it has yet to observe."""
 
 
 class RolloutControl(Protocol):
@@ -98,6 +103,29 @@ class Rollout:
                    control=_build(registry, "rollout_controls", algorithm.rollout, "algorithm.rollout"),
                    replay=_build(registry, "replay_buffers", algorithm.replay, "algorithm.replay"),
                    update_order=_build(registry, "update_orders", algorithm.update_order, "algorithm.update_order"))
+
+    def save(self, directory: Path) -> None:
+        """With a replay buffer: its contents and the episodes it has not observed yet, into a checkpoint."""
+        if self.replay is None:
+            return
+        state = getattr(self.replay, "state", None)
+        (directory / REPLAY_STATE).write_text(json.dumps({
+            "previous_step": self._previous_step, "previous": [t.to_json() for t in self._previous],
+            "buffer": state() if state is not None else None}))
+
+    def load(self, directory: Path) -> None:
+        """Restore what :meth:`save` wrote (a checkpoint without it: the buffer starts empty)."""
+        path = directory / REPLAY_STATE
+        if self.replay is None or not path.exists():
+            return
+        try:
+            state = json.loads(path.read_text())
+            self._previous_step = int(state["previous_step"])
+            self._previous = [GraphTrajectory.from_json(text) for text in state["previous"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"cannot read the replay state: {type(exc).__name__}: {exc}", where=str(path)) from None
+        if state["buffer"] is not None and hasattr(self.replay, "load_state"):
+            self.replay.load_state(state["buffer"])
 
     async def collect(self, specs: list[EpisodeSpec], step: int) -> list[GraphTrajectory]:
         """The step's trajectories: the control's (or ``specs`` run as they are), then replayed ones mixed in."""

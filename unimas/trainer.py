@@ -199,6 +199,7 @@ class Trainer:
         directory.mkdir(parents=True, exist_ok=True)
         await self.pipeline.save(directory)  # first: rollouts in flight finish before the groups' RNG is saved
         await asyncio.gather(*(self.transport.save(g, directory / g) for g in sorted(self.config.models)))
+        self.rollout.save(directory)
         write_trainer_state(directory, {"step": step, "failed_steps_in_a_row": self.failed_steps_in_a_row,
                                         "weight_versions": self.versions.state()})
         checkpoints.write_manifest(directory, step, self.config)
@@ -224,6 +225,7 @@ class Trainer:
         versions = state.get("weight_versions", dict.fromkeys(trainable, state["step"]))
         self.versions = WeightVersions(self.config, versions)
         self.pipeline.load(directory)
+        self.rollout.load(directory)
         return manifest.step if manifest is not None else state["step"]
 
     # -- the loop ---------------------------------------------------------

@@ -56,6 +56,14 @@ class VerifiedSuccesses:
         return [EpisodeSpec(spec.episode_id, spec.task_uid, self.kept[swaps[spec.task_uid]][-1][0].task)
                 if spec.task_uid in swaps else spec for spec in specs]
 
+    def state(self) -> list:
+        """``[[task key, [[step, episode JSON], ...]], ...]`` in keeping order (the oldest kept task first)."""
+        return [[key, [[step, traj.to_json()] for traj, step in stored]] for key, stored in self.kept.items()]
+
+    def load_state(self, state: list) -> None:
+        self.kept = OrderedDict((key, [(GraphTrajectory.from_json(text), int(step)) for step, text in stored])
+                                for key, stored in state)
+
     def mix(self, fresh: list[GraphTrajectory], session: RolloutSession) -> list[GraphTrajectory]:
         session.score(fresh)
         mixed = []
