@@ -115,6 +115,7 @@ def compute_reference_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTu
         model, adapters = group.model, [None] * len(turns)
     else:
         model, adapters = group.reference_model(), [t.adapter for t in turns]
+    _layout(group, list(turns))  # built outside inference mode, so that the policy pass reuses it
     with torch.inference_mode():
         reference = group.response_logprobs(model, turns, adapters)[0]
     return reference.clone()
@@ -222,6 +223,9 @@ def ppo_step(
     ``algorithm.importance_cap``), the truncated importance ratio; an ``old``
     row of None takes this forward's own log-probs as the proximal policy.
     """
+    # The reference pass first: its activations are freed before the policy forward allocates the ones
+    # backward keeps (measured: the reference pass after it cost ~3 ms more per step, CPU time).
+    reference = group.reference_logprobs(turns) if algorithm.kl_coef > 0 else None
     logp, entropy, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns], entropy=True)
     if algorithm.entropy_coef <= 0:
         entropy = entropy.detach()
@@ -242,7 +246,6 @@ def ppo_step(
         ratio = (old_logp[stale] - recorded).exp().clamp(max=algorithm.importance_cap)
         advantages[stale] = advantages[stale] * ratio
         diff["importance_weight"] = float((ratio * mask[stale]).sum() / mask[stale].sum())
-    reference = group.reference_logprobs(turns) if algorithm.kl_coef > 0 else None
     loss, metrics = algorithms.compose_loss(group.spec.policy_loss, algorithm, log_prob=logp, old_log_prob=old_logp,
                                             advantages=advantages, response_mask=mask, entropy=entropy,
                                             ref_log_prob=reference)
