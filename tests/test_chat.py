@@ -153,3 +153,6 @@ def test_plain_prompt_ids_tokenise_each_text_once_and_hand_out_copies():
     prompt_ids(["ba", "cc"])  # 2 + 2 texts > capacity 3: the memo starts over
     prompt_ids(["ab"])
     assert tokenizer.texts == ["ab", "c", "ba", "cc", "ab"]
+    # full again, with a text the memo holds in the same batch: it starts over with the whole batch
+    assert prompt_ids(["ab", "bb"]) == tokenizer.inner(["ab", "bb"], add_special_tokens=True)["input_ids"]
+    assert tokenizer.texts[-2:] == ["ab", "bb"]

@@ -52,10 +52,12 @@ class PlainPromptIds:
         self._ids: dict[str, list[int]] = {}
 
     def __call__(self, texts: Sequence[str]) -> list[list[int]]:
-        new = [text for text in dict.fromkeys(texts) if text not in self._ids]
+        distinct = list(dict.fromkeys(texts))
+        new = [text for text in distinct if text not in self._ids]
+        if len(self._ids) + len(new) > self.capacity:
+            self._ids.clear()  # full: start over, keeping nothing this batch still needs from before
+            new = distinct
         if new:
-            if len(self._ids) + len(new) > self.capacity:
-                self._ids.clear()
             self._ids.update(zip(new, self.tokenizer(new, add_special_tokens=True)["input_ids"]))
         return [list(self._ids[text]) for text in texts]  # copies: callers own their lists
 
