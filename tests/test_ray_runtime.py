@@ -348,3 +348,27 @@ def test_ctrl_c_stops_the_actors_and_leaves_a_joined_cluster_running(ray_transpo
     assert "interrupted" in err and "Traceback" not in err
     # the cluster still runs, and the run's actors are gone: their CPUs are free again
     assert wait_for_free_cpus(baseline) == pytest.approx(baseline)
+
+
+# ------------------------------------------------------------------ asynchronous pipeline
+
+
+def test_async_pipeline_on_ray_trains_turns_one_version_old(ray_cluster, tmp_path):
+    """``max_staleness: 1`` with actors: the next step's episodes are sampled while the groups update, so some
+    turns arrive one weight version old, none older; checkpoints carry the rollouts generated ahead."""
+    from unimas.pipeline import PENDING
+
+    config = small_config("algorithm.max_staleness=1", "trainer.steps=4", "trainer.save_every=2")
+    transport = RayTransport.start(config)
+    try:
+        history = run_trainer(config, transport, tmp_path)
+    finally:
+        transport.shutdown()
+    steps = [r for r in history if r["step"] > 0]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    for group in ("speaker_model", "listener_model"):
+        worst = [r[f"group/{group}/staleness_max"] for r in steps]
+        assert max(worst) == 1.0, worst  # generated ahead, and within the bound
+        assert all(r[f"group/{group}/stale_dropped"] == 0 for r in steps)
+        assert steps[-1][f"group/{group}/weight_version"] == 4
+    assert (tmp_path / "checkpoints" / "step_000002" / PENDING).exists()
