@@ -81,11 +81,12 @@ class EpisodeContext:
         except KeyError as missing:
             raise UserError(f"template of role '{role}' needs variable {missing}, which the workflow did not pass",
                             where=f"roles.{role}.template") from None
-        messages, continuation, seen = conversation(role, spec, user_text, self.trajectory.turns())
+        earlier = self.trajectory.turns() if spec.memory != "none" else ()  # a one-shot role reads no history
+        messages, continuation, seen = conversation(role, spec, user_text, earlier)
         index = self._role_counts.get(role, 0)
         self._role_counts[role] = index + 1
         generation = spec.eval_generation if (self._greedy and spec.eval_generation) else spec.generation
-        prompt = "".join(m["content"] for m in messages)
+        prompt = "".join([m["content"] for m in messages])
         request = GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy,
                              messages=messages, continuation=continuation, use_chat_template=spec.chat != "off",
                              allow_truncation=spec.truncation == "left")
