@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
 from unimas.config import RoleConfig
 from unimas.controller.context import EpisodeContext
 from unimas.controller.router import Router
-from unimas.controller.timeouts import bounded
+from unimas.controller.timeouts import Deadlines
 from unimas.errors import ModelGroupError, UserError, describe
 from unimas.trajectory import GraphTrajectory
 
@@ -55,7 +55,7 @@ class Controller:
         self.episode_timeout_s = episode_timeout_s
         self.parsers = parsers or {}
 
-    async def _run_one(self, spec: EpisodeSpec, greedy: bool) -> GraphTrajectory:
+    async def _run_one(self, spec: EpisodeSpec, greedy: bool, deadlines: Deadlines) -> GraphTrajectory:
         trajectory = GraphTrajectory(episode_id=spec.episode_id, task_id=spec.task_uid, task=spec.task)
         if spec.prefix is not None:
             trajectory.forked_from, trajectory.fork_turn = spec.prefix.parent, spec.prefix.fork_turn
@@ -63,7 +63,7 @@ class Controller:
                                  tool_timeout_s=self.tool_timeout_s, parsers=self.parsers, prefix=spec.prefix)
         trajectory.started = time.perf_counter()
         try:
-            outcome = await bounded(self.workflow(context, spec.task), self.episode_timeout_s, "the episode")
+            outcome = await deadlines.run(self.workflow(context, spec.task))
             trajectory.outcome = dict(outcome) if isinstance(outcome, Mapping) else {"result": outcome}
         except (UserError, ModelGroupError):
             raise
@@ -82,11 +82,12 @@ class Controller:
         """
         results: list[GraphTrajectory | None] = [None] * len(specs)
         pending = iter(enumerate(specs))
+        deadlines = Deadlines(self.episode_timeout_s, "the episode")  # one timer for all episodes' time limits
 
         async def worker() -> None:
             try:
                 for index, spec in pending:
-                    results[index] = await self._run_one(spec, greedy)
+                    results[index] = await self._run_one(spec, greedy, deadlines)
             finally:
                 self.router.episode_finished()
 
@@ -101,4 +102,6 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
             raise
+        finally:
+            deadlines.close()
         return results
