@@ -91,10 +91,14 @@ class GraphTrajectory:
     exception: Optional[BaseException] = field(default=None, repr=False, compare=False)
     """The exception behind ``error`` (not serialised): ``--debug`` shows its traceback."""
     _in_order: list[Node] = field(default_factory=list, repr=False, compare=False)
+    _turns: list[TurnNode] = field(default_factory=list, repr=False, compare=False)
+    """The turn nodes of ``_in_order``: ``turns()`` runs ~5 times per episode per step (context, credit, metrics)."""
 
     def add_node(self, node: Node, consumed: Iterable[str] = ()) -> Node:
         self.graph.add_node(node.id, data=node)
         self._in_order.append(node)
+        if isinstance(node, TurnNode):
+            self._turns.append(node)
         for source in consumed:
             if source not in self.graph:
                 raise KeyError(f"node {source!r} is not part of episode {self.episode_id}")
@@ -115,7 +119,9 @@ class GraphTrajectory:
         return iter(self._in_order)
 
     def turns(self, role: str | None = None) -> list[TurnNode]:
-        return [n for n in self.nodes() if isinstance(n, TurnNode) and (role is None or n.role == role)]
+        if role is None:
+            return self._turns.copy()
+        return [n for n in self._turns if n.role == role]
 
     def tool_calls(self) -> list[ToolNode]:
         return [n for n in self.nodes() if isinstance(n, ToolNode)]
