@@ -121,7 +121,7 @@ class CreditAssigner:
         fails its episode (recorded with the file and line of the reward's
         code); the run goes on unless the failure budget is spent.
         """
-        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # (key, role) -> [sum, count]
         for trajectory in trajectories:
             for key, spec in self.entries:
                 if trajectory.failed:
@@ -135,22 +135,24 @@ class CreditAssigner:
             if trajectory.failed:
                 trajectory.rewards = {key: 0.0 if spec.level == "trajectory" else {} for key, spec in self.entries}
             for turn in trajectory.turns():
-                turn.reward = 0.0
+                reward = 0.0
                 for key, spec in self.entries:
                     if spec.roles is not None and turn.role not in spec.roles:
                         continue
                     value = trajectory.rewards[key]
                     part = value if spec.level == "trajectory" else value.get(
                         turn.role if spec.level == "role" else turn.id, 0.0)
-                    turn.reward += spec.weight * part
-                    tally = sums[f"reward/{key}/{turn.role}"]
+                    reward += spec.weight * part
+                    tally = sums[key, turn.role]
                     tally[0] += part
                     tally[1] += 1
-        return {name: total / count for name, (total, count) in sums.items()}
+                turn.reward = reward
+        return {f"reward/{key}/{role}": total / count for (key, role), (total, count) in sums.items()}
 
     # -- 2. grouping --------------------------------------------------------
-    def group_key(self, trajectory: GraphTrajectory, turn: TurnNode) -> str:
-        grouping = self.config.algorithm.grouping
+    def group_key(self, trajectory: GraphTrajectory, turn: TurnNode, grouping: str | None = None) -> str:
+        """``grouping`` defaults to ``algorithm.grouping`` (``assign`` reads it once per step)."""
+        grouping = grouping or self.config.algorithm.grouping
         if grouping == "role":
             return f"{trajectory.task_id}|{turn.role}"
         if grouping == "role_turn":
@@ -161,9 +163,10 @@ class CreditAssigner:
     def assign(self, trajectories: Sequence[GraphTrajectory]) -> Credit:
         """Allocation -> grouping -> estimation for one training step."""
         metrics = self.allocate(trajectories)
-        turns = [CreditedTurn(t, turn, self.group_key(t, turn))
+        grouping, trainable = self.config.algorithm.grouping, self.trainable_roles
+        turns = [CreditedTurn(t, turn, self.group_key(t, turn, grouping))
                  for t in trajectories if not t.failed
-                 for turn in t.turns() if turn.role in self.trainable_roles and turn.response_ids and not turn.replayed]
+                 for turn in t.turns() if turn.role in trainable and turn.response_ids and not turn.replayed]
         metrics["credit/nonfinite_advantages"] = 0.0
         if not turns:
             return Credit([], metrics)
