@@ -250,3 +250,12 @@ def test_a_failed_turn_is_the_episodes_error_even_when_the_agent_gives_up(chat_m
     [trajectory], _ = run_episodes(tree, [{"target": "a"}])
     assert trajectory.failed and "PromptTooLong" in trajectory.error and "roles.speaker.truncation" in trajectory.error
     assert trajectory.turns()[0].truncated
+
+
+def test_unimas_serve_needs_an_api_key_beyond_loopback():
+    from unimas.gateway.serve import TOKEN_ENV, serve_token
+
+    assert all(serve_token(host, {TOKEN_ENV: "set"}) is None for host in ("127.0.0.1", "localhost", "::1"))
+    assert serve_token("0.0.0.0", {TOKEN_ENV: "s3cret"}) == "s3cret"
+    generated = {serve_token("0.0.0.0", {}) for _ in range(3)}
+    assert len(generated) == 3 and all(len(token) >= 32 for token in generated)

@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(serve)
     serve.add_argument("--checkpoint", type=Path, help="checkpoint dir (checkpoints/step_N of a run); default: the "
                                                        "config's initial weights")
-    serve.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one, printed)")
+    serve.add_argument("--port", type=int, default=0, help="port (default: a free one, printed)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only); any "
+                       "other needs an API key: $UNIMAS_SERVE_TOKEN, or a generated one printed at start")
 
     report = sub.add_parser("report", help="write report.html and plots for a run directory")
     report.add_argument("run_dir", type=Path)

@@ -119,7 +119,7 @@ async def _evaluate(trainer: Trainer, checkpoint) -> dict:
 def cmd_serve(args: argparse.Namespace) -> int:
     experiment = _prepare(args)
     torch_setup(experiment.config.trainer.torch_threads, experiment.config.trainer.seed)
-    asyncio.run(serve(experiment.config, experiment.registry, args.checkpoint, port=args.port))
+    asyncio.run(serve(experiment.config, experiment.registry, args.checkpoint, host=args.host, port=args.port))
     return 0
 
 

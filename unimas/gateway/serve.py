@@ -10,6 +10,8 @@ loop, where the router batches requests that arrive together.
 from __future__ import annotations
 
 import asyncio
+import os
+import secrets
 from pathlib import Path
 
 import uvicorn
@@ -20,11 +22,22 @@ from unimas.controller.router import Router
 from unimas.errors import UserError
 from unimas.gateway.app import build_app
 from unimas.gateway.protocol import GatewayError
-from unimas.gateway.server import free_port
+from unimas.gateway.server import free_port, is_loopback
 from unimas.gateway.sessions import Serving
 from unimas.groups.transport import start_transport
 from unimas.registry import Registry
 from unimas.rundir import RunDir
+
+TOKEN_ENV = "UNIMAS_SERVE_TOKEN"
+"""The API key clients must send when the server listens beyond loopback (generated when unset)."""
+
+
+def serve_token(host: str, environ: dict[str, str] | None = None) -> str | None:
+    """None on loopback (only this machine can connect); otherwise ``$UNIMAS_SERVE_TOKEN`` or a fresh token."""
+    if is_loopback(host):
+        return None
+    given = (os.environ if environ is None else environ).get(TOKEN_ENV, "")
+    return given or secrets.token_urlsafe(24)
 
 
 async def serve(config: ExperimentConfig, registry: Registry, checkpoint: Path | None, host: str = "127.0.0.1",
@@ -47,9 +60,12 @@ async def serve(config: ExperimentConfig, registry: Registry, checkpoint: Path |
             return serving
 
         port = port or free_port(host)
-        app = build_app(lookup, sorted(config.roles), token=None)
+        token = serve_token(host)
+        app = build_app(lookup, sorted(config.roles), token=token)
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
         print(f"serving roles {', '.join(sorted(config.roles))} at http://{host}:{port}/v1", flush=True)
+        if token is not None and not os.environ.get(TOKEN_ENV):
+            print(f"API key (clients send it as OPENAI_API_KEY): {token}", flush=True)
         await server.serve()
     finally:
         transport.shutdown()
