@@ -20,6 +20,7 @@ from unimas_plugins.methods.seeupo import ReverseExecution
 
 from unimas.controller.episodes import EpisodeSpec
 from unimas.credit import CreditedTurn
+from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import TrainTurn
 from unimas.trajectory import GraphTrajectory, TurnNode
 from unimas.update_order import execution_order, update_groups
@@ -120,8 +121,49 @@ class RecordingTransport:
         return {"ppo_kl": 0.5, "policy_loss": float(len(self.calls))}
 
 
-def train_turn(role, advantage=1.0):
-    return TrainTurn(prompt_ids=[1], response_ids=[2], rollout_logprobs=[-1.0], advantage=advantage, adapter=role)
+def train_turn(role, advantage=1.0, episode=""):
+    return TrainTurn(prompt_ids=[1], response_ids=[2], rollout_logprobs=[-1.0], advantage=advantage, adapter=role,
+                     episode=episode)
+
+
+class ScoringTransport(RecordingTransport):
+    """Also scores turns: a turn's new log-prob is its behaviour log-prob plus its role's shift."""
+
+    def __init__(self, shift):
+        super().__init__()
+        self.shift, self.scored = shift, []
+
+    async def score(self, group, turns):
+        self.scored.append([t.adapter for t in turns])
+        return [sum(t.rollout_logprobs) + self.shift[t.adapter] for t in turns]
+
+
+def test_seeupo_ratio_clip_weighs_a_role_by_the_ratios_the_earlier_stage_moved_in_its_episode():
+    turns = {"team": [train_turn("solver", episode="e1"), train_turn("verifier", episode="e1"),
+                      train_turn("verifier", episode="e2"), train_turn("verifier", episode="e2"),
+                      train_turn("solver", episode="e2"), train_turn("solver", episode="e3")]}
+    roles = {"team": [t.adapter for t in turns["team"]]}  # the helper keeps the role in `adapter`
+    transport = ScoringTransport({"verifier": math.log(1.1), "solver": 0.0})
+    asyncio.run(update_groups(transport, turns, roles, ReverseExecution(ratio_clip=0.2), ["solver", "verifier"]))
+    assert [r for _, r, _ in transport.calls] == [["verifier"] * 3, ["solver"] * 3]
+    assert transport.scored == [["verifier"] * 3]  # after the first stage only: nothing follows the last
+    # e1: one verifier turn, ratio 1.1; e2: two, 1.1 * 1.1 = 1.21 clipped to 1.2; e3: none, 1.0
+    assert transport.calls[1][2] == pytest.approx([1.1, 1.2, 1.0])
+    assert transport.calls[0][2] == [1.0, 1.0, 1.0]  # the first stage is not reweighted
+    plain = ScoringTransport({"verifier": 1.0, "solver": 0.0})
+    asyncio.run(update_groups(plain, turns, roles, ReverseExecution(), ["solver", "verifier"]))
+    assert plain.scored == [] and plain.calls[1][2] == [1.0, 1.0, 1.0]  # no ratios asked for: no scoring
+
+
+def test_an_order_needing_ratios_on_a_backend_that_cannot_score_is_a_user_error():
+    class Unscorable(RecordingTransport):
+        async def score(self, group, turns):
+            raise ModelGroupError(group, "score", NotImplementedError(f"model group '{group}' cannot score turns"))
+
+    turns = {"team": [train_turn("solver", episode="e"), train_turn("verifier", episode="e")]}
+    with pytest.raises(UserError, match="needs probability ratios, and model group 'team' cannot score turns"):
+        asyncio.run(update_groups(Unscorable(), turns, {"team": ["solver", "verifier"]},
+                                  ReverseExecution(ratio_clip=0.2), ["solver", "verifier"]))
 
 
 def test_seeupo_updates_roles_one_by_one_in_reverse_execution_order_even_on_a_shared_model():

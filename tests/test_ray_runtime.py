@@ -372,3 +372,17 @@ def test_async_pipeline_on_ray_trains_turns_one_version_old(ray_cluster, tmp_pat
         assert all(r[f"group/{group}/stale_dropped"] == 0 for r in steps)
         assert steps[-1][f"group/{group}/weight_version"] == 4
     assert (tmp_path / "checkpoints" / "step_000002" / PENDING).exists()
+
+
+def test_sequential_update_order_scores_turns_through_the_actors(ray_cluster, tmp_path):
+    """``reverse_execution`` with ``ratio_clip``: the listener's actor updates, then scores its turns over Ray,
+    and the speaker's stage runs on the ratios; each group updates once per step."""
+    config = small_config("trainer.steps=2", "algorithm.update_order={name: reverse_execution, params: "
+                          "{ratio_clip: 0.2}}")
+    transport = RayTransport.start(config)
+    try:
+        history = run_trainer(config, transport, tmp_path)
+        assert [s[0] for s in asyncio.run(transport.spans("listener_model"))].count("score") == 2  # once a step
+    finally:
+        transport.shutdown()
+    assert [r["group/speaker_model/weight_version"] for r in history[1:]] == [1, 2]

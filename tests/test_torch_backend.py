@@ -124,6 +124,16 @@ def test_rollout_logprobs_equal_training_logprobs(arch, temperature):
     assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-6) and metrics["clip_frac"] == 0.0
 
 
+def test_score_is_each_turns_summed_logprob_under_the_current_weights():
+    group = make_group(lr=1e-2)
+    results = group.generate([GenRequest(p, gen(6, 0.7)) for p in PROMPTS])
+    turns = turns_from(results, temperature=0.7)
+    np.testing.assert_allclose(group.score(turns), [sum(r.logprobs) for r in results], atol=1e-5)
+    group.update(turns_from(results[:1], 1.0, temperature=0.7))
+    assert group.score(turns[:1])[0] > sum(results[0].logprobs) + 1e-3  # the update raised it
+    assert group.score([]) == []
+
+
 def test_eos_stops_and_is_included():
     group = make_group()
     eos = group.tokenizer.eos_token_id

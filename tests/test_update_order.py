@@ -31,9 +31,16 @@ def test_reverse_execution_updates_a_shared_model_once_per_role_per_step(tmp_pat
     assert sequential[-1]["group/shared/staleness_max"] == 0  # the version counter is the last stage's, not a mean
 
 
+def test_reverse_execution_with_ratio_clip_scores_the_shared_model_between_stages(tmp_path):
+    code, records = train(tmp_path, "algorithm.update_order={name: reverse_execution, params: {ratio_clip: 0.2}}")
+    assert code == 0
+    assert [r["group/shared/weight_version"] for r in records[1:]] == [2, 4]
+
+
 @pytest.mark.parametrize("setting, message", [
     ("algorithm.update_order={name: nope}", "unknown update order 'nope'"),
     ("algorithm.update_order={name: reverse_execution, params: {damp: -1}}", "damp must be >= 0"),
+    ("algorithm.update_order={name: reverse_execution, params: {ratio_clip: 1.5}}", "ratio_clip in [0, 1)"),
     ("algorithm.rollout={name: entropy_branch, params: {trigger: sometimes}}", "trigger must be"),
     ("algorithm.credit={name: hgpo, params: {beta: 1}}", "unexpected keyword argument 'beta'"),
 ])

@@ -69,6 +69,7 @@ def test_trainer_logprobs_match_hf_at_each_rows_temperature(setup):
             logits = model(input_ids=ids).logits[0, len(turn.prompt_ids) - 1:-1] / turn.temperature
         expected = logits.log_softmax(-1).gather(-1, torch.tensor(turn.response_ids)[:, None]).squeeze(-1)
         assert torch.allclose(torch.tensor(values), expected, atol=1e-5)
+    assert group.score(FIXED) == pytest.approx([sum(v) for v in group.trainer_logprobs(FIXED)])
 
 
 def test_update_moves_logprobs_syncs_the_rollout_and_leaves_the_other_group_alone(setup):

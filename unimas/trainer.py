@@ -151,7 +151,7 @@ class Trainer:
                 prompt_ids=c.turn.prompt_ids, response_ids=c.turn.response_ids, rollout_logprobs=c.turn.logprobs,
                 rollout_logprobs_exact=c.turn.logprobs_exact, advantage=c.turn.advantage,
                 temperature=role.generation.temperature or 1.0, adapter=role.adapter,
-                weight_version=c.turn.weight_version,
+                weight_version=c.turn.weight_version, episode=c.trajectory.episode_id,
             ))
         roles_by_group = {g: [c.turn.role for c in credited if self.config.roles[c.turn.role].model == g]
                           for g in turns_by_group}

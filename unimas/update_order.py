@@ -9,7 +9,13 @@ earlier stages already changed — also on a model shared by several roles,
 where sequential per-role updates are the only way to order them. Before
 each stage the plugin may ``adjust`` its turns (for example their
 advantages) knowing what the already-updated stages reported: their update
-statistics (``ppo_kl``, ``clip_frac``: how far their importance ratios moved).
+statistics (``ppo_kl``, ``clip_frac``: how far their importance ratios moved)
+and, for an order with ``needs_ratios = True``, per episode the product of the
+probability ratios new/behaviour of every turn the earlier stages trained
+(each group scores its stage's turns after updating: one forward pass). That
+product is what a sequential trust-region update (HAPPO, SeeUPO) weighs the
+next role's advantages by: the later role learns against the team the earlier
+ones have just become.
 
 A group updated in several stages reports the mean of each statistic over
 its stages, except counters (:data:`COUNTERS`), which report the last stage's.
@@ -18,9 +24,11 @@ its stages, except counters (:data:`COUNTERS`), which report the last stage's.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import defaultdict
 from typing import Mapping, Protocol, Sequence
 
+from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import TrainTurn
 from unimas.groups.transport import Transport
 
@@ -33,7 +41,11 @@ class UpdateOrder(Protocol):
         """Roles in stages, given the roles in the order they first acted this step."""
 
     def adjust(self, role: str, turns: list[TrainTurn], done: Mapping[str, Mapping[str, float]]) -> list[TrainTurn]:
-        """``role``'s turns before its stage; ``done`` holds each already-updated role's group statistics."""
+        """``role``'s turns before its stage; ``done`` holds each already-updated role's group statistics.
+
+        An order whose ``needs_ratios`` is true also gets ``ratios``: episode -> product of the ratios
+        new/behaviour of the turns earlier stages trained in that episode (1.0 where they trained none).
+        """
 
 
 def execution_order(roles_in_time: Sequence[tuple[float, str]]) -> list[str]:
@@ -67,17 +79,38 @@ async def update_groups(transport: Transport, turns_by_group: Mapping[str, list[
                          f"the roles {sorted(by_role)} exactly once")
     done: dict[str, dict[str, float]] = {}
     per_group: dict[str, list[dict[str, float]]] = defaultdict(list)
+    with_ratios = bool(getattr(order, "needs_ratios", False))
+    ratios: dict[str, float] = defaultdict(lambda: 1.0)
     for stage in stages:
         stage_turns: dict[str, list[TrainTurn]] = defaultdict(list)
         owners: dict[str, list[str]] = defaultdict(list)
         for role in stage:
             for group, turns in by_role.get(role, {}).items():
-                stage_turns[group].extend(order.adjust(role, turns, done))
+                extra = {"ratios": dict(ratios)} if with_ratios else {}
+                stage_turns[group].extend(order.adjust(role, turns, done, **extra))
                 owners[group].append(role)
         groups = sorted(g for g in stage_turns if stage_turns[g])
         results = await asyncio.gather(*(transport.update(g, stage_turns[g]) for g in groups))
         for group, stats in zip(groups, results):
             per_group[group].append(stats)
             done.update({role: stats for role in owners[group]})
+        if with_ratios and stage is not stages[-1]:
+            await _multiply_ratios(transport, {g: stage_turns[g] for g in groups}, ratios, order)
     return {group: {key: runs[-1][key] if key in COUNTERS else sum(s.get(key, 0.0) for s in runs) / len(runs)
                     for key in runs[0]} for group, runs in per_group.items()}
+
+
+async def _multiply_ratios(transport: Transport, trained: Mapping[str, list[TrainTurn]], ratios: dict[str, float],
+                           order: UpdateOrder) -> None:
+    """Fold each just-trained turn's ratio new/behaviour (log-probs summed over its tokens) into its episode's."""
+    groups = sorted(trained)
+    try:
+        scores = await asyncio.gather(*(transport.score(g, trained[g]) for g in groups))
+    except ModelGroupError as failure:
+        if isinstance(failure.cause, NotImplementedError):
+            raise UserError(f"update order {type(order).__name__} needs probability ratios, and {failure.cause}",
+                            where="algorithm.update_order") from None
+        raise
+    for group, new in zip(groups, scores):
+        for turn, logp in zip(trained[group], new, strict=True):
+            ratios[turn.episode] *= math.exp(logp - sum(turn.rollout_logprobs))

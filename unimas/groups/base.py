@@ -102,6 +102,9 @@ class TrainTurn:
     """The group's weight version that sampled the turn; older than the group's own (asynchronous pipeline):
     the update recomputes the old log-probs with its current weights and reweights each token by the truncated
     ratio current/behaviour (``algorithm.importance_cap``). None: treated as sampled by the current weights."""
+    episode: str = ""
+    """The episode the turn belongs to: a sequential update order relates a role's turns to the turns of the
+    same episode that earlier stages already trained (their probability ratios)."""
 
 
 class NoOptions(BaseModel):
@@ -143,6 +146,11 @@ class ModelGroup(ABC):
     @abstractmethod
     def update(self, turns: list[TrainTurn]) -> dict[str, float]:
         """One PPO/GRPO update on this group's turns (settings from its spec); returns metrics."""
+
+    def score(self, turns: list[TrainTurn]) -> list[float]:
+        """Each turn's response log-probability (summed over its tokens, at its temperature) under the current
+        weights: how far an update moved the policy on those turns. Backends that cannot score say so."""
+        raise NotImplementedError(f"model group '{self.name}' ({type(self).__name__}) cannot score turns")
 
     @abstractmethod
     def save(self, directory: Path) -> None:

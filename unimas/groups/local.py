@@ -57,6 +57,9 @@ class LocalTransport:
             return await asyncio.get_running_loop().run_in_executor(self._updater, self._call, group, "update", turns)
         return self._call(group, "update", turns)
 
+    async def score(self, group: str, turns: list[TrainTurn]) -> list[float]:
+        return self._call(group, "score", turns)
+
     async def save(self, group: str, directory: Path) -> None:
         self._call(group, "save", directory)
 

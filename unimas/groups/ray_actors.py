@@ -180,6 +180,9 @@ class ModelGroupActor:
     def update(self, turns: list[TrainTurn]) -> dict[str, float]:
         return self._timed("update", lambda: self.group.update(turns))
 
+    def score(self, turns: list[TrainTurn]) -> list[float]:
+        return self._timed("score", lambda: self.group.score(turns))
+
     def save(self, directory: str) -> None:
         self._timed("save", lambda: self.group.save(Path(directory)))
 
@@ -274,6 +277,9 @@ class RayTransport:
 
     async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
         return await self._call(group, "update", turns)
+
+    async def score(self, group: str, turns: list[TrainTurn]) -> list[float]:
+        return await self._call(group, "score", turns)
 
     async def save(self, group: str, directory: Path) -> None:
         await self._call(group, "save", str(directory))

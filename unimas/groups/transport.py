@@ -1,6 +1,6 @@
 """How the hub reaches the spokes: the :class:`Transport` protocol and the choice of one.
 
-The trainer and the router talk to model groups only through these six
+The trainer and the router talk to model groups only through these
 calls, so ``runtime.kind`` is a config switch: :class:`~unimas.groups.local.LocalTransport`
 calls plain objects in this process, :class:`~unimas.groups.ray_actors.RayTransport`
 calls one Ray actor per group. Every failure of a call surfaces as
@@ -24,6 +24,9 @@ class Transport(Protocol):
 
     async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
         """One update of ``group`` on its turns; the group's metrics."""
+
+    async def score(self, group: str, turns: list[TrainTurn]) -> list[float]:
+        """Each turn's response log-probability under the group's current weights (sequential update orders)."""
 
     async def save(self, group: str, directory: Path) -> None: ...
 

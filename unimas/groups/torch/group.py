@@ -333,6 +333,10 @@ class TorchModelGroup(ModelGroup):
         """Log-probs under the frozen KL reference; see :func:`training.compute_reference_logprobs`."""
         return training.compute_reference_logprobs(self, turns)
 
+    def score(self, turns: list[TrainTurn]) -> list[float]:
+        with self._lock:
+            return training.score_turns(self, turns)
+
     def update(self, turns: list[TrainTurn]) -> dict[str, float]:
         """PPO epochs over shuffled mini-batches with ``spec.algorithm``; then one learning-rate schedule step.
 

@@ -121,6 +121,15 @@ def compute_reference_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTu
     return reference.clone()
 
 
+def score_turns(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> list[float]:
+    """Each turn's summed response log-prob under the current policy weights, without gradients."""
+    if not turns:
+        return []
+    with torch.inference_mode():
+        logp, _, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns])
+    return (logp * mask).sum(dim=1).tolist()
+
+
 def is_stale(group: "TorchModelGroup", turn: TrainTurn) -> bool:
     """Sampled by older weights than the group's current ones (the asynchronous pipeline)."""
     return turn.weight_version is not None and turn.weight_version < group.weight_version

@@ -169,6 +169,10 @@ class VerlModelGroup(ModelGroup):
         rows = rows_of.layout(turns, self.pad_id)
         return [row[: len(t.response_ids)] for row, t in zip(self._logprobs(rows, worker).tolist(), turns)]
 
+    def score(self, turns: list[TrainTurn]) -> list[float]:
+        with self._train_lock:
+            return [sum(row) for row in self.trainer_logprobs(turns)] if turns else []
+
     def _logprobs(self, rows: rows_of.Rows, worker: Any = None) -> torch.Tensor:
         from verl.utils import tensordict_utils as tu
 
