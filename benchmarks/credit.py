@@ -44,13 +44,16 @@ class Task:
     budget: int
     """Sampled response tokens per run (full mode)."""
     overrides: tuple[str, ...] = ()
+    chat_model: bool = False
+    """Its config loads the built test chat model (examples/models/tiny-chat): built first if missing."""
 
 
 TASKS = {
     "signalling": Task("examples/quickstart.yaml", 0.9, 12_288,
                        ("trainer.tasks_per_step=16", "trainer.eval_size=32")),
     "arith": Task("examples/arith_team.yaml", 0.45, 30_000, ("trainer.tasks_per_step=16", "trainer.eval_size=100")),
-    "math_team": Task("examples/math_team_cpu.yaml", 0.3, 12_000, ("trainer.tasks_per_step=8", "trainer.eval_size=32")),
+    "math_team": Task("examples/math_team_cpu.yaml", 0.3, 12_000, ("trainer.tasks_per_step=8", "trainer.eval_size=32"),
+                      chat_model=True),
 }
 
 METHODS = {
@@ -134,9 +137,12 @@ def run_one(task_name: str, method: str, seed: int, budget: int, eval_every: int
     from unimas.groups.transport import start_transport
     from unimas.process import torch_setup
     from unimas.rundir import RunDir
+    from unimas.tiny_chat import chat_model_dir
     from unimas.trainer import Trainer
 
     task = TASKS[task_name]
+    if task.chat_model:
+        chat_model_dir(REPO / "examples" / "models")  # what the example's header asks for: offline, seconds
     overrides = [*task.overrides, *METHODS[method], *extra, f"trainer.seed={seed}", "trainer.steps=100000",
                  "trainer.sample_trajectories=0", "trainer.stop_at_accuracy=null"]
     config = load_config(REPO / task.config, overrides)
