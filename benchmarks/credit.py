@@ -69,6 +69,7 @@ METHODS = {
     "replay+m2po": ("algorithm.replay={name: verified_successes, params: {revisit: 0.25}}",
                     "algorithm.stale_turns=reweight", "algorithm.loss=m2po"),
     "seeupo": ("algorithm.update_order={name: reverse_execution}",),
+    "seeupo+ratios": ("algorithm.update_order={name: reverse_execution, params: {ratio_clip: 0.2}}",),
     "m2po": ("algorithm.loss=m2po",),
 }
 
