@@ -26,7 +26,7 @@ from unimas_workflows.arithmetic import arithmetic_tasks
 from unimas.config import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig
 from unimas.groups.base import GenRequest, GroupSpec
 from unimas.groups.torch import SupervisedExample, TorchModelGroup, TorchOptions
-from unimas.groups.torch.checkpoint import RESUME_ONLY_FILES
+from unimas.groups.torch.checkpoint import keep_weights_only
 
 HERE = Path(__file__).resolve().parent
 
@@ -84,8 +84,7 @@ def main() -> None:
             if accuracy >= args.target:
                 break
     group.save(args.out)
-    for resume_only in RESUME_ONLY_FILES:  # init_from reads weights only; keep the committed copy small
-        (args.out / resume_only).unlink(missing_ok=True)
+    keep_weights_only(args.out)  # init_from reads weights only; keep the committed copy small
     print(f"wrote {args.out}")
 
 

@@ -125,9 +125,9 @@ def load_group(group: "TorchModelGroup", directory: Path) -> None:
 
 
 def keep_weights_only(directory: Path) -> None:
-    """Reduce a saved group to its weights (model and adapters), as a frozen snapshot of it needs."""
+    """Reduce a saved group to its weights (model and adapters): what ``init_from`` or a frozen snapshot reads."""
     directory = Path(directory)
-    for name in (OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE):
+    for name in RESUME_ONLY_FILES:
         (directory / name).unlink(missing_ok=True)
     shutil.rmtree(directory / REFERENCE_DIR, ignore_errors=True)
 
