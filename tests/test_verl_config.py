@@ -129,7 +129,7 @@ def test_validation_refuses_what_verl_cannot_run(registry):
         ({"m": {"options": {"rollout": "vllm"}}}, "models.m.options.rollout", "needs a GPU"),
         ({"m": {"options": {"rollout": "vllm", "tensor_parallel_size": 2}, "resources": {"gpus": 1}}},
          "models.m.options.tensor_parallel_size", "whole GPUs"),
-        ({"m": {"resources": {"gpus": 2}}}, "models.m.resources.gpus", "at most 1 GPU"),
+        ({"m": {"resources": {"gpus": 2}}}, "models.m.resources.gpus", "workers: ray"),
         ({"m": {"optim": {"schedule": "linear"}}}, "models.m.optim.schedule", "constant and cosine"),
         ({"m": {"options": {"rollout_mode": "standalone"}}}, "models.m.options.rollout_mode", "not implemented"),
     ]
@@ -163,7 +163,7 @@ def test_vllm_groups_sharing_one_gpu_must_leave_room(registry):
     tree = experiment({"m": shared(0.4), "n": shared(0.4)}, {"speaker": "m", "listener": "n"})
     found = problems_of(tree, registry)
     assert "models.*.options.gpu_memory_utilization" not in found
-    assert "not wired into the group yet" in found["models.m.options.rollout"]  # said plainly until it is
+    assert "workers: ray" in found["models.m.options.workers"]  # vLLM is fed by a worker group's ranks
 
 
 def test_dry_run_plan_names_engine_rollout_and_devices():
