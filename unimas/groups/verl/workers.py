@@ -29,7 +29,6 @@ from unimas.groups.base import GroupSpec
 from unimas.groups.verl import batch as rows_of
 from unimas.groups.verl import platform
 from unimas.groups.verl.loss import unimas_loss
-from unimas.groups.verl.servers import ensure_ray
 
 WORKER_SETUP = "unimas.groups.verl.worker_setup"
 """What every rank imports with verl (``VERL_USE_EXTERNAL_MODULES``): CPU platform and rollout registrations."""
@@ -127,6 +126,8 @@ class RayTrainer:
     def __init__(self, spec: GroupSpec, root: Any, role: str):
         import ray
         from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+
+        from unimas.groups.verl.servers import ensure_ray
 
         self.ranks = int(spec.options.world_size)
         self.has_reference = role == "actor_rollout_ref"
