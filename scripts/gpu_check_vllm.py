@@ -113,8 +113,7 @@ def main() -> int:
         report["other_group_tokens_unchanged"] = beta_after[0] == beta_before[0]
         report["other_group_logprob_change"] = max_abs(beta_after[1], beta_before[1])
         for group in groups.values():
-            group.rollout.close()
-            group.trainer.close()
+            group.close()
     report["wall_s"] = time.perf_counter() - started
     keys = ("server_names_distinct", "sockets_distinct", "sleep_frees_memory", "other_group_tokens_unchanged")
     report["ok"] = all(report[key] for key in keys) and report["weight_version_after_update"] == 1

@@ -56,7 +56,7 @@ def groups():
     built = {name: build_group(cfg, registry, name) for name in ("srv_a", "srv_b")}
     yield built
     for group in built.values():
-        group.rollout.close()
+        group.close()
     if not ray_before:
         ray.shutdown()  # the groups started a local Ray job; later tests start their own
 
@@ -118,4 +118,4 @@ def test_load_restores_the_servers_weights_version_and_sampling_state(groups, tm
     b.load(tmp_path / "b")
     assert b.weight_version == b.rollout.weight_version == version
     assert gap(served(b), logprobs) <= 1e-6
-    assert b.generate(one)[0].response_ids == sampled  # the server's generator came back with the checkpoint
+    assert b.generate(one)[0].response_ids == sampled  # the request seeds came back with the checkpoint

@@ -101,8 +101,7 @@ def groups():
     ranked = build_group(config_from_dict(experiment(workers="ray", world_size=2)), registry, "dp")
     single = build_group(config_from_dict(experiment()), registry, "dp")
     yield ranked, single
-    ranked.rollout.close()
-    ranked.trainer.close()
+    ranked.close()
     if not ray_before:
         ray.shutdown()
 
@@ -117,9 +116,14 @@ def test_two_ranks_score_as_one_rank_and_have_a_server_each(groups):
     assert ranked.rollout.server_names == ["unimas_dp_hf_server_0_0", "unimas_dp_hf_server_1_0"]
     assert gap(ranked.trainer_logprobs(TURNS), single.trainer_logprobs(TURNS)) < 1e-5
     assert gap(ranked.trainer_logprobs(TURNS[:1]), single.trainer_logprobs(TURNS[:1])) < 1e-5  # 1 turn, 2 ranks
+    # equal rows per rank, equal tokens per row: the ranks' averaged gradient is the one-rank gradient
+    even = [TrainTurn([4 + i, 6], [8 + i, 9], [], 1.0 if i % 2 else -1.0) for i in range(4)]
+    ranked.update(even)
+    single.update(even)
+    assert gap(ranked.trainer_logprobs(TURNS), single.trainer_logprobs(TURNS)) < 1e-4
     results = ranked.generate([GenRequest(prompt=p, generation=GEN) for p in ("S:a", "S:b", "S:c")])
     assert all(r.response_ids and len(r.logprobs) == len(r.response_ids) for r in results)
-    assert {r.weight_version for r in results} == {0}
+    assert {r.weight_version for r in results} == {1}
 
 
 def test_update_sync_reference_and_checkpoint(groups, tmp_path):
@@ -127,20 +131,21 @@ def test_update_sync_reference_and_checkpoint(groups, tmp_path):
     before = ranked.trainer_logprobs(TURNS)
     metrics = ranked.update(TURNS)
     after = ranked.trainer_logprobs(TURNS)
-    assert metrics["weight_version"] == 1 and metrics["lr"] == 0.01
+    assert metrics["weight_version"] == 2 and metrics["lr"] == 0.01
     for turn, old, new in zip(TURNS, before, after):  # advantages +1, -1, +1
         assert (sum(new) > sum(old)) == (turn.advantage > 0)
-    assert ranked.last_sync_diff < 1e-5 and ranked.rollout.weight_version == 1
+    assert ranked.last_sync_diff < 1e-5 and ranked.rollout.weight_version == 2
     served = ranked.rollout.logprobs_per_server([t.prompt_ids for t in TURNS], [t.response_ids for t in TURNS],
                                                 [t.temperature or 1.0 for t in TURNS])
     assert len(served) == 2 and all(gap(answer, after) < 1e-5 for answer in served)
-    assert gap(ranked.trainer_logprobs(TURNS, reference=True), before) < 1e-6
+    initial = single.trainer_logprobs(TURNS, reference=True)  # both references hold the initial weights
+    assert gap(ranked.trainer_logprobs(TURNS, reference=True), initial) < 1e-5
 
     ranked.save(tmp_path / "ckpt")
     ranked.update(TURNS)
     assert gap(ranked.trainer_logprobs(TURNS), after) > 1e-3
     ranked.load(tmp_path / "ckpt")
-    assert ranked.trainer_logprobs(TURNS) == after and ranked.rollout.weight_version == 1
+    assert ranked.trainer_logprobs(TURNS) == after and ranked.rollout.weight_version == 2
     with pytest.raises(UserError, match="2 ranks"):
         single.load(tmp_path / "ckpt")
 

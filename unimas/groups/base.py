@@ -159,3 +159,10 @@ class ModelGroup(ABC):
     @abstractmethod
     def load(self, directory: Path) -> None:
         """Restore exactly what :meth:`save` wrote."""
+
+    def close(self) -> None:
+        """Stop what the group started beyond this object (Ray actors, servers); called once when it is dropped.
+
+        Garbage collection is too late for them: a second run in the same
+        process would find their names and placement groups still taken.
+        """

@@ -68,6 +68,9 @@ class LocalTransport:
 
     async def restart(self, group: str, checkpoint: Path | None) -> None:
         """Rebuild a group from config, then load ``checkpoint`` (initial weights when None)."""
+        old = self.groups.pop(group, None)
+        if old is not None:
+            old.close()
         try:
             self.groups[group] = build_group(self.config, self.registry, group)
         except Exception as exc:  # noqa: BLE001
@@ -78,4 +81,6 @@ class LocalTransport:
     def shutdown(self) -> None:
         if self._updater is not None:
             self._updater.shutdown(wait=True)
+        for group in self.groups.values():
+            group.close()
         self.groups.clear()

@@ -82,6 +82,7 @@ class VerlModelGroup(ModelGroup):
         self._rollout_lock = threading.RLock()
         self._train_lock = threading.RLock()
         self.configs = translate(spec, model_dir)
+        self._closers: list[weakref.finalize] = []
         self.served = spec.options.serves_hf or spec.options.rollout == "vllm"
         if spec.options.workers == "ray":
             from unimas.groups.verl import worker_config
@@ -90,7 +91,7 @@ class VerlModelGroup(ModelGroup):
 
             root = worker_config.compose(spec, model_dir)
             self.trainer = RayTrainer(spec, root, worker_config.role(spec))
-            weakref.finalize(self, self.trainer.close)
+            self._closers.append(weakref.finalize(self, self.trainer.close))
             self.rollout = ServerRollout(root, self.trainer.workers)
         else:
             self.trainer = InProcessTrainer(spec, self.configs)
@@ -104,7 +105,7 @@ class VerlModelGroup(ModelGroup):
                 self.rollout = rollout_class(config=self.configs.rollout,
                                              model_config=self.configs.actor.model_config)
         if self.served:
-            weakref.finalize(self, self.rollout.close)
+            self._closers.append(weakref.finalize(self, self.rollout.close))
         self.weight_version = 0
         self.last_sync_diff: Optional[float] = None
         """Largest |rollout - trainer| log-prob measured after the latest sync (None before any check)."""
@@ -112,6 +113,11 @@ class VerlModelGroup(ModelGroup):
             self.sync_weights()
         else:
             self.rollout.weight_version = 0  # a frozen group keeps the weights it was built with
+
+    def close(self) -> None:
+        """Stop the group's rollout servers, then its ranks (each at most once; also run at garbage collection)."""
+        for closer in reversed(self._closers):
+            closer()
 
     @property
     def actor(self) -> Any:

@@ -69,6 +69,7 @@ class HFRolloutServer:
         from verl.workers.rollout.replica import TokenOutput
 
         asked = sampling_params["unimas"]
+        self.rollout.generator.manual_seed(int(sampling_params["seed"]))
         gen = GenerationConfig.model_validate(asked["generation"])
         gen = gen.model_copy(update={"max_new_tokens": max(1, int(sampling_params["max_tokens"]))})
         tokens, logprobs = self.rollout.generate([list(prompt_ids)], gen, asked["greedy"], asked["eos_ids"],
@@ -85,12 +86,6 @@ class HFRolloutServer:
 
     def weight_version(self) -> Optional[int]:
         return self.rollout.weight_version
-
-    def rng_state(self) -> torch.Tensor:
-        return self.rollout.generator.get_state()
-
-    def set_rng_state(self, state: torch.Tensor) -> None:
-        self.rollout.generator.set_state(state)
 
     # What verl's replica and checkpoint-engine manager call around a sync: weights and cache stay in memory.
     async def wake_up(self) -> None: ...
@@ -185,23 +180,6 @@ class InProcessActorGroup:
         return ray.put(global_steps)
 
 
-class _RemoteGenerator:
-    """The servers' sampling generators, as ``save``/``load`` see a generator (one state per server)."""
-
-    def __init__(self, servers: list[Any]):
-        self.servers = servers
-
-    def get_state(self) -> list[torch.Tensor]:
-        return ray.get([server.rng_state.remote() for server in self.servers])
-
-    def set_state(self, state: torch.Tensor | list[torch.Tensor]) -> None:
-        states = [state] if isinstance(state, torch.Tensor) else list(state)
-        if len(states) != len(self.servers):
-            raise ValueError(f"the checkpoint holds {len(states)} rollout generator states for "
-                             f"{len(self.servers)} servers (was the group's world_size changed?)")
-        ray.get([server.set_rng_state.remote(one) for server, one in zip(self.servers, states)])
-
-
 def ensure_ray() -> None:
     """Join the Ray job of this process (a ``runtime: ray`` actor) or start a local one.
 
@@ -237,9 +215,11 @@ class ServerRollout:
                             "it): pip install cachetools", where=f"models.{self.group}.options") from None
         ensure_ray()
         register()
-        self.can_score = root.actor_rollout_ref.rollout.name != "vllm"
-        """Whether the servers score given tokens (unimas's hf servers); vLLM's only report sampled log-probs."""
-        if not self.can_score:
+        self.own_servers = root.actor_rollout_ref.rollout.name != "vllm"
+        """unimas's hf servers (which take unimas's sampling settings), not vLLM's."""
+        self.can_score = self.own_servers
+        """Whether the servers score given tokens (the sync check); vLLM's only report sampled log-probs."""
+        if not self.own_servers:
             from unimas.groups.verl import vllm_servers
 
             vllm_servers.register()
@@ -250,8 +230,10 @@ class ServerRollout:
         self.client = self.manager.get_client()
         self.checkpoints = CheckpointEngineManager(config=CheckpointEngineConfig(backend="naive"),
                                                    actor_wg=actor_group, replicas=self.replicas)
-        # vLLM's sampling state is its own (not saved): a resumed vLLM run samples afresh
-        self.generator = _RemoteGenerator(self.servers if self.can_score else [])
+        self.generator = torch.Generator()
+        """Draws each request's sampling seed: what a server samples depends on neither routing nor arrival order,
+        and this generator (saved with checkpoints) is all the sampling state a resume needs."""
+        self.generator.manual_seed(int(root.actor_rollout_ref.rollout.seed))
         self._requests = itertools.count()
         self._version: Optional[int] = self._server_version()
 
@@ -308,13 +290,19 @@ class ServerRollout:
                  pad_id: int) -> tuple[list[list[int]], list[list[float]]]:
         """One ``LLMServerClient.generate`` request per prompt, all in flight together (verl balances servers)."""
         params = {"max_tokens": gen.max_new_tokens, "temperature": 0.0 if greedy else gen.temperature,
-                  "logprobs": True, "unimas": {"generation": gen.model_dump(), "greedy": greedy,
-                                               "eos_ids": list(eos_ids), "pad_id": pad_id}}
+                  "top_p": gen.top_p, "logprobs": True}
+        if gen.top_k:
+            params["top_k"] = gen.top_k
+        if self.own_servers:  # unimas's own servers sample exactly as the in-process rollout
+            params["unimas"] = {"generation": gen.model_dump(), "greedy": greedy, "eos_ids": list(eos_ids),
+                                "pad_id": pad_id}
+        seeds = torch.randint(2**62, (len(prompts),), generator=self.generator).tolist()
 
         async def every_prompt():
             return await asyncio.gather(*[
                 self.client.generate(f"{self.group}-{next(self._requests)}", prompt_ids=list(prompt),
-                                     sampling_params=params) for prompt in prompts])
+                                     sampling_params={**params, "seed": seed})
+                for prompt, seed in zip(prompts, seeds)])
 
         outputs = run_sync(every_prompt())
         if outputs:
@@ -334,8 +322,9 @@ class ServerRollout:
 
     def close(self) -> None:
         """Stop the group's server actors, freeing their names for a later group of the same name."""
+        replicas, self.replicas = self.replicas, []  # at most once
         if not ray.is_initialized():
             return
-        for replica in self.replicas:
+        for replica in replicas:
             for server in replica.servers:
                 ray.kill(server)

@@ -138,7 +138,7 @@ class RayTrainer:
         worker = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=root.actor_rollout_ref, role=role)
         self.workers = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker, name_prefix=prefix,
                                       device_name=device, worker_env={"VERL_USE_EXTERNAL_MODULES": WORKER_SETUP})
-        self.pool = pool
+        self.pool, self.closed = pool, False
         self.workers.init_model()
         self.workers.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
 
@@ -171,8 +171,10 @@ class RayTrainer:
         """Stop the ranks (their names and placement group are then free for a later group of the same name)."""
         import ray
 
-        if ray.is_initialized():
-            for handle in self.workers.workers:
-                ray.kill(handle)
-            for group in [] if self.shares_pool else self.pool.pgs or []:
-                ray.util.remove_placement_group(group)
+        if self.closed or not ray.is_initialized():
+            return
+        self.closed = True
+        for handle in self.workers.workers:
+            ray.kill(handle)
+        for group in [] if self.shares_pool else self.pool.pgs or []:
+            ray.util.remove_placement_group(group)

@@ -1,0 +1,59 @@
+"""`unimas train` with a verl group on a Ray worker group of two ranks (examples/quickstart_verl_ranks.yaml).
+
+The run trains, saves each rank's shard and its two servers' sampling states,
+and a run cut after its step-2 checkpoint (the later checkpoint and log lines
+removed, as a kill would leave it) resumes to exactly the uninterrupted run:
+metrics and both ranks' final weight shards.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import EXAMPLES
+from unimas.cli import main
+
+SETTINGS = ["trainer.steps=4", "trainer.save_every=2", "trainer.tasks_per_step=8", "trainer.stop_at_accuracy=null",
+            "trainer.eval_every=2", "logging.report=false", "logging.console=false"]
+VOLATILE = ("time/", "_time_s", "_per_s", "wall_s")
+CONFIG = str(EXAMPLES / "quickstart_verl_ranks.yaml")
+
+
+def args(run: Path, resume: bool = False) -> list[str]:
+    return ["train", CONFIG, "--run-dir", str(run), *(["--resume"] if resume else []),
+            *sum((["--set", s] for s in SETTINGS), [])]
+
+
+def stable_metrics(run: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(part in k for part in VOLATILE)} for r in records]
+
+
+def shards(run: Path) -> list[dict[str, torch.Tensor]]:
+    actor = run / "checkpoints" / "step_000004" / "shared" / "verl_actor"
+    loaded = [torch.load(actor / f"model_world_size_2_rank_{rank}.pt", weights_only=True) for rank in (0, 1)]
+    return [{key: value.to_local() if hasattr(value, "to_local") else value for key, value in state.items()}
+            for state in loaded]
+
+
+@pytest.mark.slow  # two runs of a two-rank group: ~2 min on two cores
+def test_two_ranks_train_and_resume_to_the_uninterrupted_run(tmp_path):
+    straight = tmp_path / "straight"
+    assert main(args(straight)) == 0
+    expected = stable_metrics(straight)
+    assert [r["step"] for r in expected] == list(range(5))
+    assert json.loads((straight / "checkpoints" / "step_000004" / "shared" / "unimas_group.json").read_text())[
+        "world_size"] == 2
+
+    cut = tmp_path / "cut"
+    shutil.copytree(straight, cut)
+    shutil.rmtree(cut / "checkpoints" / "step_000004")
+    assert main(args(cut, resume=True)) == 0
+    assert stable_metrics(cut) == expected
+    for mine, theirs in zip(shards(cut), shards(straight)):
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
