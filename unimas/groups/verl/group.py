@@ -138,7 +138,11 @@ class VerlModelGroup(ModelGroup):
         if problems:
             raise UserError("; ".join(problem for _, problem in problems), where=problems[0][0])
         platform.prepare()
-        model, tokenizer, _ = source_of.load_model(options.source(), spec.name, spec.seed)
+        source = options.source(spec.name)
+        if source is None:
+            raise UserError(f"{options.init_from} holds verl group checkpoints, none of them named '{spec.name}'",
+                            where=f"models.{spec.name}.options.init_from")
+        model, tokenizer, _ = source_of.load_model(source, spec.name, spec.seed)
         eos = model.generation_config.eos_token_id
         eos_ids = sorted({tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else list(eos or []))} - {None})
         config = model.config
@@ -154,12 +158,14 @@ class VerlModelGroup(ModelGroup):
     @classmethod
     def vocabulary(cls, options: Any) -> Optional[list[str]]:
         options = options if isinstance(options, VerlOptions) else VerlOptions.model_validate(options)
-        return source_of.vocabulary(options.source())
+        source = options.source()
+        return None if source is None else source_of.vocabulary(source)
 
     @classmethod
     def has_chat_template(cls, options: Any) -> Optional[bool]:
         options = options if isinstance(options, VerlOptions) else VerlOptions.model_validate(options)
-        return chat.has_chat_template(source_of.tokenizer_only(options.source()))
+        source = options.source()
+        return None if source is None else chat.has_chat_template(source_of.tokenizer_only(source))
 
     # ------------------------------------------------------------- weights
 

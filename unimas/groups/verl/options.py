@@ -12,6 +12,7 @@ verl imports are lazy, so validating a config never imports verl.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -48,6 +49,9 @@ class VerlOptions(BaseModel):
 
     path: Optional[str] = Field(None, description="local Hugging Face model directory (never downloaded)")
     tiny: Optional[TinyModelConfig] = Field(None, description="build a small random-init model from this spec")
+    init_from: Optional[str] = Field(None, description="start from these weights: a unimas checkpoint (a verl or "
+                                     "torch group dir, or a run's checkpoints/step_N) or a Hugging Face model dir; "
+                                     "optimiser and sampling state start fresh")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype of the FSDP2 engine "
                                                   "(weights and optimiser stay float32)")
     strategy: Literal["fsdp2", "fsdp"] = Field("fsdp2", description="verl engine; `fsdp` (FSDP1) needs a GPU")
@@ -77,16 +81,18 @@ class VerlOptions(BaseModel):
     @classmethod
     def _one_source(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            given = [key for key in ("path", "tiny") if data.get(key) is not None]
+            given = [key for key in ("path", "tiny", "init_from") if data.get(key) is not None]
             if len(given) != 1:
-                raise ValueError("give exactly one of 'path' (local Hugging Face dir) or 'tiny' (built from a spec); "
-                                 f"got {' and '.join(given) if given else 'none'}")
+                raise ValueError("give exactly one of 'path' (local Hugging Face dir), 'tiny' (built from a spec) "
+                                 f"or 'init_from' (a checkpoint); got {' and '.join(given) if given else 'none'}")
         return data
 
     @model_validator(mode="after")
     def _path_is_model_dir(self) -> "VerlOptions":
         if self.path is not None:
             TorchOptions(path=self.path)  # the torch backend's check and message for a bad directory
+        if self.init_from is not None and not verl_checkpoints(Path(self.init_from)):
+            TorchOptions(init_from=self.init_from)  # not a verl checkpoint: the torch backend's layouts and message
         return self
 
     @property
@@ -102,9 +108,32 @@ class VerlOptions(BaseModel):
         """The ``hf`` rollout runs in a Ray server actor (server mode, or any worker-group group)."""
         return self.rollout == "hf" and (self.rollout_server or self.workers == "ray")
 
-    def source(self) -> TorchOptions:
-        """The same weights source as torch-backend options (reuses its loaders)."""
-        return TorchOptions(path=self.path, tiny=self.tiny)
+    def source(self, group: Optional[str] = None) -> Optional[TorchOptions]:
+        """The weights source as torch-backend options (reuses its loaders); ``group`` picks it in a run checkpoint.
+
+        None when ``init_from`` is a run checkpoint of verl groups without that
+        group (or, with no group named, with several).
+        """
+        if self.init_from is None:
+            return TorchOptions(path=self.path, tiny=self.tiny)
+        found = verl_checkpoints(Path(self.init_from))
+        if not found:
+            return TorchOptions(init_from=self.init_from)
+        model = found.get("") or found.get(group or "") or (next(iter(found.values()))
+                                                             if group is None and len(found) == 1 else None)
+        return None if model is None else TorchOptions(path=str(model))
+
+
+VERL_HF_DIR = Path("verl_actor") / "huggingface"
+"""Where a verl group checkpoint keeps its weights as a Hugging Face model (verl's ``hf_model`` content)."""
+
+
+def verl_checkpoints(root: Path) -> dict[str, Path]:
+    """The Hugging Face dirs of the verl group checkpoints at ``root`` by group name ("" for a group dir itself)."""
+    if (root / VERL_HF_DIR / "config.json").is_file():
+        return {"": root / VERL_HF_DIR}
+    children = sorted(root.iterdir()) if root.is_dir() else []
+    return {child.name: child / VERL_HF_DIR for child in children if (child / VERL_HF_DIR / "config.json").is_file()}
 
 
 def _apply(target: Any, fields: dict[str, Any]) -> Any:
