@@ -50,6 +50,14 @@ def problems(group_change: dict | None = None, **options) -> dict:
     return dict(check_config(config_from_dict(experiment(group_change, **options)), build_registry()))
 
 
+def test_the_plan_counts_each_ranks_cpu_bundle():
+    """Under runtime: ray too few CPUs would leave the ranks waiting forever for their bundles."""
+    from unimas.groups.placement import placement_plan
+
+    plan = placement_plan(config_from_dict(experiment(workers="ray", world_size=2)))
+    assert "model group dp: 3 CPU, 0 GPU" in plan and "Ray worker group of 2 rank(s) on CPU (gloo)" in plan
+
+
 def test_validation_of_ranks_gpus_and_rollouts():
     assert problems(workers="ray", world_size=2) == {}
     assert "workers: ray" in problems(world_size=2)["models.dp.options.world_size"]

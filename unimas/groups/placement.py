@@ -19,7 +19,9 @@ GIB = 2**30
 
 def _need(group: ModelGroupConfig) -> dict[str, float]:
     res = group.resources
-    return {"CPU": res.cpus, "GPU": res.gpus, "memory": (res.memory_gb or 0.0) * GIB}
+    # a verl worker group's ranks each hold a CPU bundle of their own, beside the group's process
+    cpus = res.cpus + verl_plan.rank_cpus(group)
+    return {"CPU": cpus, "GPU": res.gpus, "memory": (res.memory_gb or 0.0) * GIB}
 
 
 def _describe(res: dict[str, float]) -> str:

@@ -221,7 +221,7 @@ class RayTransport:
 
         Each actor rebuilds the plugin registry from ``config.plugins`` in its own process.
         """
-        cpus = sum(group.resources.cpus for group in config.models.values())
+        cpus = sum(group.resources.cpus + verl_plan.rank_cpus(group) for group in config.models.values())
         owns_ray = connect(config.runtime, cpus)
         tree = config.model_dump(mode="json", by_alias=True)
         driver_path = [p or os.getcwd() for p in sys.path]  # "" is the cwd of `python -m unimas.cli`

@@ -40,6 +40,12 @@ def ranks_on_ray(group: ModelGroupConfig) -> bool:
     return options is not None and options.workers == "ray"
 
 
+def rank_cpus(group: ModelGroupConfig) -> int:
+    """CPUs the group's Ray worker group reserves (one bundle per rank); 0 for an in-process engine."""
+    options = _options(group) if group.backend == BACKEND else None
+    return options.world_size if options is not None and options.workers == "ray" else 0
+
+
 def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, adapters: list[str],
                    gpu_present: bool) -> list[tuple[str, str]]:
     """(config field, problem) for one group; ``gpu_present``: this process sees a GPU (build time)."""
