@@ -50,8 +50,9 @@ from unimas.errors import UserError
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import chat, sampling
 from unimas.groups.torch import source as source_of
+from unimas.groups.torch.group import _check_target_modules as check_target_modules
 from unimas.groups.verl import batch as rows_of
-from unimas.groups.verl import platform, prompts
+from unimas.groups.verl import lora, platform, prompts
 from unimas.groups.verl.options import SERVER_ROLLOUT, VerlOptions, translate
 from unimas.groups.verl.plan import group_problems
 
@@ -95,8 +96,9 @@ class VerlModelGroup(ModelGroup):
         self.actor = self.reference = None
         with platform.rendezvous_environment():
             if self.trainable:
-                self.actor = TrainingWorker(self.configs.actor)
-                self.actor.reset()
+                with lora.seeded_init(self.configs.actor.model_config, spec.seed):
+                    self.actor = TrainingWorker(self.configs.actor)
+                    self.actor.reset()
                 self.actor.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
             if self.configs.reference is not None:
                 self.reference = TrainingWorker(self.configs.reference)
@@ -128,6 +130,8 @@ class VerlModelGroup(ModelGroup):
             raise UserError("; ".join(problem for _, problem in problems), where=problems[0][0])
         platform.prepare()
         model, tokenizer, _ = source_of.load_model(options.source(), spec.name, spec.seed)
+        if lora.adapter_in_use(spec.config, spec.adapters):
+            check_target_modules(model, spec.config.lora, spec.name)  # a UserError naming the field, not peft's
         eos = model.generation_config.eos_token_id
         eos_ids = sorted({tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else list(eos or []))} - {None})
         config = model.config
@@ -160,7 +164,8 @@ class VerlModelGroup(ModelGroup):
             with self._rollout_lock:
                 self.rollout.sync(self.weight_version)  # verl's checkpoint-engine manager (servers.py)
             return
-        weights, _ = self.actor.engine.get_per_tensor_param()
+        weights = (lora.merged_weights(self.actor.engine) if self.configs.actor.model_config.lora_rank
+                   else self.actor.engine.get_per_tensor_param()[0])
         with self._rollout_lock:
             run_sync(self.rollout.update_weights(weights, global_steps=self.weight_version))
 
@@ -203,8 +208,8 @@ class VerlModelGroup(ModelGroup):
         """Sample every request through the rollout; requests sharing settings run as one batch."""
         buckets: dict[tuple, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
-            if request.adapter is not None:
-                raise ValueError(f"model group '{self.name}' (verl) has no LoRA adapters")
+            if request.adapter not in (None, *self.spec.adapters):  # the one adapter is merged into the rollout
+                raise ValueError(f"model group '{self.name}' (verl) has no LoRA adapter '{request.adapter}'")
             gen = request.generation
             greedy = request.greedy or gen.temperature == 0
             buckets[(gen.max_new_tokens, greedy, () if greedy else (gen.temperature, gen.top_k, gen.top_p))].append(i)

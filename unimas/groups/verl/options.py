@@ -16,10 +16,10 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from unimas.config import OptimConfig
+from unimas.config import LoraConfig, OptimConfig
 from unimas.groups.base import GroupSpec
 from unimas.groups.torch.options import TinyModelConfig, TorchOptions
-from unimas.groups.verl import names
+from unimas.groups.verl import lora, names
 
 ROLLOUT_NAMES = {"hf": "unimas_hf", "vllm": "vllm"}
 """unimas rollout name -> the key verl's rollout registries know it by."""
@@ -104,13 +104,15 @@ def _apply(target: Any, fields: dict[str, Any]) -> Any:
     return target
 
 
-def model_config(options: VerlOptions, model_dir: str):
-    """verl's view of the weights: an HF dir, sdpa attention (no flash-attn on CPU), no gradient checkpointing."""
+def model_config(options: VerlOptions, model_dir: str, adapter: Optional[LoraConfig] = None):
+    """verl's view of the weights: an HF dir, sdpa attention (no flash-attn on CPU), no gradient checkpointing;
+    with ``adapter``, verl's one LoRA adapter (:mod:`.lora`)."""
     from verl.workers.config import HFModelConfig
 
     return _apply(HFModelConfig(path=model_dir, use_remove_padding=options.remove_padding,
                                 override_config={"attn_implementation": "sdpa"},
-                                enable_gradient_checkpointing=False), options.overrides.model)
+                                enable_gradient_checkpointing=False, **lora.model_fields(adapter)),
+                  options.overrides.model)
 
 
 def engine_config(options: VerlOptions, seed: int, forward_only: bool = False):
@@ -174,14 +176,15 @@ def translate(spec: GroupSpec, model_dir: str) -> VerlConfigs:
     checkpoints = CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"],
                                    load_contents=["model", "optimizer", "extra"])
 
-    def worker(forward_only: bool):
+    def worker(forward_only: bool, adapter: Optional[LoraConfig] = None):
         return TrainingWorkerConfig(
-            model_type="language_model", model_config=model_config(options, model_dir),
+            model_type="language_model", model_config=model_config(options, model_dir, adapter),
             engine_config=engine_config(options, spec.seed, forward_only),
             optimizer_config=None if forward_only else optimizer_config(spec.config.optim, options,
                                                                        spec.total_updates),
             checkpoint_config=checkpoints)
 
     reference = worker(True) if spec.config.trainable and spec.algorithm.kl_coef > 0 else None
-    return VerlConfigs(actor=worker(not spec.config.trainable), reference=reference,
+    adapter = lora.adapter_in_use(spec.config, spec.adapters)  # the reference stays the bare base
+    return VerlConfigs(actor=worker(not spec.config.trainable, adapter), reference=reference,
                        rollout=rollout_config(spec, options))

@@ -14,6 +14,7 @@ import math
 from pydantic import ValidationError
 
 from unimas.config import ExperimentConfig, ModelGroupConfig
+from unimas.groups.verl import lora
 from unimas.groups.verl.options import VerlOptions
 
 BACKEND = "verl"
@@ -58,13 +59,7 @@ def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, ada
         problems.append((f"{where}.resources.gpus", "a verl group runs its engine in-process on one device; "
                          "data-parallel groups over several GPUs (verl worker groups on Ray) are not implemented "
                          "yet: give each group at most 1 GPU"))
-    if len(adapters) > 1:
-        problems.append((f"{where}.lora", f"roles give model group '{name}' {len(adapters)} LoRA adapters "
-                         f"({', '.join(adapters)}); verl trains at most one per model, so split the roles over "
-                         "several verl groups or use backend: torch"))
-    elif adapters:
-        problems.append(("roles.*.adapter", f"LoRA adapters on model group '{name}' are not supported by the "
-                         "verl backend yet; train the full model (drop the role's adapter) or use backend: torch"))
+    problems += lora.group_problems(name, group, adapters, options.rollout_server)
     if group.optim.schedule == "linear":
         problems.append((f"{where}.optim.schedule", "verl has constant and cosine schedules only"))
     if options.rollout_server and (options.rollout != "hf" or not group.trainable):
@@ -87,6 +82,7 @@ def config_problems(config: ExperimentConfig) -> list[tuple[str, str]]:
     for name, options in groups.items():
         group = config.models[name]
         problems += group_problems(name, group, options, _adapters(config, name), gpu_present=True)
+        problems += lora.role_problems(config, name)
     shared = {name: options for name, options in groups.items()
               if 0 < config.models[name].resources.gpus < 1 and options.rollout == "vllm"}
     total = sum(options.gpu_memory_utilization for options in shared.values())
