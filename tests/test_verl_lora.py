@@ -1,6 +1,6 @@
 """One LoRA adapter on a verl group (CPU, tiny qwen2): verl's engine trains only the adapter, the rollout receives
-base + adapter merged and scores exactly as the trainer, the KL reference stays the bare base, checkpoints continue
-bit-identically, validation refuses what the merged rollout cannot serve, and `unimas train` runs such a group."""
+base and adapter and scores exactly as the trainer, the KL reference stays the bare base, checkpoints continue
+bit-identically, validation refuses what the adapted rollout cannot serve, and `unimas train` runs such a group."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def base_logprobs(model_dir: str, turns: list[TrainTurn]) -> list[list[float]]:
     return rows
 
 
-def test_only_the_adapter_trains_and_the_rollout_gets_base_plus_adapter_merged(setup):
+def test_only_the_adapter_trains_and_the_rollout_gets_base_and_adapter(setup):
     _, _, group = setup
     before = engine_params(group)
     trainable = {n for n, p in group.actor.engine.module.named_parameters() if p.requires_grad}
@@ -86,14 +86,8 @@ def test_only_the_adapter_trains_and_the_rollout_gets_base_plus_adapter_merged(s
     assert all(torch.equal(before[n], after[n]) for n in before if n not in trainable)  # base bit-identical
     assert any(not torch.equal(before[n], after[n]) for n in trainable if "lora_B" in n)
 
-    rollout = dict(group.rollout.model.named_parameters())
-    prefix = "base_model.model.model.layers.1.self_attn.q_proj."
-    merged = after[prefix + "base_layer.weight"] + (8.0 / 4) * (after[prefix + "lora_B.default.weight"]
-                                                               @ after[prefix + "lora_A.default.weight"])
-    served = rollout["model.layers.1.self_attn.q_proj.weight"]
-    assert torch.allclose(served, merged, atol=1e-6) and not torch.allclose(served, after[prefix + "base_layer.weight"])
-    k_proj = "model.layers.1.self_attn.k_proj.weight"  # no adapter there: the base weight, exactly
-    assert torch.equal(rollout[k_proj], after["base_model." + "model." + k_proj])
+    rollout = {name: p.detach() for name, p in group.rollout.model.named_parameters()}
+    assert rollout.keys() == after.keys() and all(torch.equal(rollout[n], after[n]) for n in after)
 
 
 def test_update_moves_logprobs_and_the_synced_rollout_scores_as_the_trainer(setup):
@@ -104,7 +98,7 @@ def test_update_moves_logprobs_and_the_synced_rollout_scores_as_the_trainer(setu
     turns = turns_of(results, [1.0, -1.0, 1.0, -1.0])
     before = group.trainer_logprobs(turns)
     metrics = group.update(turns)
-    assert metrics["rollout_logprob_diff"] <= 1e-5  # sampled by the merged weights the trainer had
+    assert metrics["rollout_logprob_diff"] <= 1e-5  # sampled by the weights the trainer had
     assert group.weight_version == version + 1 == group.rollout.weight_version
     assert group.last_sync_diff is not None and group.last_sync_diff <= 1e-5
     after = group.trainer_logprobs(turns + FIXED)
@@ -165,7 +159,7 @@ def problems_of(change) -> dict[str, str]:
     return dict(check_config(config_from_dict(data), build_registry()))
 
 
-def test_validation_accepts_one_shared_adapter_and_refuses_what_the_merged_rollout_cannot_serve():
+def test_validation_accepts_one_shared_adapter_and_refuses_what_the_rollout_cannot_serve():
     assert problems_of(lambda t: None) == {}
 
     def two_adapters(t):

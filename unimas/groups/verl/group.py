@@ -164,7 +164,7 @@ class VerlModelGroup(ModelGroup):
             with self._rollout_lock:
                 self.rollout.sync(self.weight_version)  # verl's checkpoint-engine manager (servers.py)
             return
-        weights = (lora.merged_weights(self.actor.engine) if self.configs.actor.model_config.lora_rank
+        weights = (lora.peft_weights(self.actor.engine) if self.configs.actor.model_config.lora_rank
                    else self.actor.engine.get_per_tensor_param()[0])
         with self._rollout_lock:
             run_sync(self.rollout.update_weights(weights, global_steps=self.weight_version))

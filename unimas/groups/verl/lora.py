@@ -1,19 +1,22 @@
 """One LoRA adapter on a verl group: unimas's ``models.<g>.lora`` as verl's HFModelConfig fields, and its limits.
 
 verl's FSDP engine wraps the model in one peft adapter (``lora_rank > 0``)
-and trains only that adapter. The rollout is a plain Hugging Face model, so
-the engine exports the **merged** weights (base + scale * B @ A) to it at
-every sync; the rollout therefore serves exactly one behaviour, the adapted
-model. From that follow the limits checked here: one adapter per group, every
-role on the group uses it (a role without it would need the bare base, which
-the rollout no longer holds), the base stays frozen, and a frozen group has
-nothing to adapt. The KL reference worker never gets the adapter: it is the
-base model, which is what the adapter's KL term should measure against.
+and trains only that adapter; the KL reference worker never gets it (the
+reference is the bare base, what the adapter's KL term should measure against).
 
-verl's own merged export (``get_per_tensor_param`` with ``merge``) casts every
-tensor to bfloat16, which a float32 rollout cannot match within the sync
-tolerance; :func:`merged_weights` runs the same verl merge and keeps the
-engine's precision. verl is imported lazily, so validation stays verl-free.
+The rollout holds the same peft wrapping (:func:`wrap_rollout_model`) and each
+sync sends it the engine's base and adapter tensors under their peft names
+(:func:`peft_weights`), so it computes base + adapter exactly as the trainer
+does. Merged weights (``lora.merge``, what verl's own export sends, in bfloat16)
+were tried: merging in float32 changes the rounding, and the rollout's
+log-probs drifted past the sync tolerance (2.8e-5 > 1e-5 at lr 0.03 on the
+quickstart; full-weight groups stay near 1e-6). ``merge`` stays set so that
+verl-side exports hand a plain Hugging Face rollout full weights.
+
+The rollout serves only the adapted model; from that follow the limits checked
+here: one adapter per group, every role on the group uses it, the base stays
+frozen, and a frozen group has nothing to adapt. verl and peft are imported
+lazily, so validation stays free of them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def adapter_in_use(group: ModelGroupConfig, adapters: list[str]) -> Optional[Lor
 
 
 def model_fields(lora: Optional[LoraConfig]) -> dict[str, Any]:
-    """verl ``HFModelConfig`` keyword arguments for the adapter (``merge``: the rollout gets full merged weights)."""
+    """verl ``HFModelConfig`` keyword arguments for the adapter (``merge``: verl's own exports send full weights)."""
     if lora is None:
         return {}
     return {"lora_rank": lora.r, "lora_alpha": lora.alpha, "target_modules": list(lora.target_modules),
@@ -54,20 +57,23 @@ def seeded_init(model_config: Any, seed: int) -> Iterator[None]:
         yield
 
 
-def merged_weights(engine: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """HF-named full tensors of base + adapter in the engine's dtype; the base weights are restored afterwards.
+def wrap_rollout_model(model: Any, model_config: Any) -> Any:
+    """The rollout's model with the engine's peft adapter layout (weights arrive with the first sync)."""
+    if not model_config.lora_rank:
+        return model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
 
-    A generator: verl's merge context stays open until the consumer has copied every tensor.
-    """
-    from verl.utils.fsdp_utils import merged_lora_context, normalize_peft_param_name
-    from verl.utils.model import convert_weight_keys
+    with seeded_init(model_config, 0):  # the init is overwritten by the sync; keep the global RNG untouched
+        return get_peft_model(model, PeftLoraConfig(task_type="CAUSAL_LM", r=model_config.lora_rank,
+                                                    lora_alpha=model_config.lora_alpha,
+                                                    target_modules=model_config.target_modules, bias="none"))
 
-    module = engine.module
-    with merged_lora_context(module, backup_adapters=True):
-        params = convert_weight_keys(normalize_peft_param_name(module.state_dict()),
-                                     getattr(module, "_fsdp_wrapped_module", module))
-        for name, param in params.items():
-            yield name, (param.full_tensor() if hasattr(param, "full_tensor") else param.detach().clone())
+
+def peft_weights(engine: Any) -> Iterator[tuple[str, "torch.Tensor"]]:
+    """The engine's base and adapter tensors, full (unsharded), under the peft names both sides share."""
+    for name, tensor in engine.module.state_dict().items():
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def group_problems(name: str, group: ModelGroupConfig, adapters: list[str],
@@ -90,7 +96,8 @@ def group_problems(name: str, group: ModelGroupConfig, adapters: list[str],
                          "train_base: false, drop lora to train the full model, or use backend: torch"))
     if rollout_server:
         problems.append((f"models.{name}.options.rollout_server", "server mode syncs through verl's export, which "
-                         "sends a LoRA group's merged weights in bfloat16 only; drop rollout_server for this group"))
+                         "sends a LoRA group's weights merged and in bfloat16, outside the sync tolerance; drop "
+                         "rollout_server for this group"))
     if lora.dropout > 0:
         problems.append((f"{where}.dropout", "verl's engine builds its adapter without dropout; set dropout: 0 "
                          "or use backend: torch"))
@@ -98,12 +105,12 @@ def group_problems(name: str, group: ModelGroupConfig, adapters: list[str],
 
 
 def role_problems(config: ExperimentConfig, name: str) -> list[tuple[str, str]]:
-    """Roles on a verl LoRA group that do not use its adapter: the rollout holds merged weights only."""
+    """Roles on a verl LoRA group that do not use its adapter: the rollout serves the adapted model only."""
     roles = {role_name: role for role_name, role in sorted(config.roles.items()) if role.model == name}
     adapters = sorted({role.adapter for role in roles.values() if role.adapter})
     if config.models[name].lora is None or len(adapters) != 1:
         return []
-    return [(f"roles.{role_name}.adapter", f"model group '{name}' (verl) serves its LoRA adapter "
-             f"'{adapters[0]}' merged into the weights, so it cannot also generate with the bare base; give this "
-             f"role adapter: {adapters[0]}, or move it to another model group")
+    return [(f"roles.{role_name}.adapter", f"model group '{name}' (verl) generates with its LoRA adapter "
+             f"'{adapters[0]}' only, so it cannot also generate with the bare base; give this role "
+             f"adapter: {adapters[0]}, or move it to another model group")
             for role_name, role in roles.items() if not role.adapter]
