@@ -189,25 +189,42 @@ def test_validation_accepts_one_shared_adapter_and_refuses_what_the_rollout_cann
         assert where in found and message in found[where], (where, found)
 
 
-def test_unimas_train_runs_a_verl_lora_group_and_records_per_role_metrics(tmp_path):
+VOLATILE = ("time/", "_time_s", "_per_s", "wall_s")
+
+
+def stable_metrics(run) -> list[dict]:
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(part in k for part in VOLATILE)} for r in records]
+
+
+def test_unimas_train_runs_a_verl_lora_group_records_per_role_metrics_and_resumes_exactly(tmp_path):
     import yaml
 
     data = tree()
-    data["trainer"] = {"steps": 2, "seed": 0, "tasks_per_step": 8, "eval_every": 0, "save_every": 2}
+    data["trainer"] = {"steps": 4, "seed": 0, "tasks_per_step": 8, "eval_every": 2, "save_every": 2}
     data["logging"] = {"report": False, "console": False}
     config = tmp_path / "lora.yaml"
     config.write_text(yaml.safe_dump(data))
-    run = tmp_path / "run"
-    assert main(["train", str(config), "--run-dir", str(run)]) == 0
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    straight = tmp_path / "straight"
+    assert main(["train", str(config), "--run-dir", str(straight)]) == 0
+    records = stable_metrics(straight)
     steps_done = [r for r in records if "reward/mean" in r]
-    assert [r["step"] for r in steps_done] == [1, 2]
+    assert [r["step"] for r in steps_done] == [1, 2, 3, 4]
     for record in steps_done:
         assert record["group/team/weight_version"] == float(record["step"])
         for role in ("speaker", "listener"):
             assert record[f"role/{role}/turns"] > 0 and f"role/{role}/advantage_std" in record
     assert any(record["group/team/grad_norm"] > 0 for record in steps_done)
-    assert (run / "checkpoints" / "step_000002" / "team" / "verl_actor").is_dir()
+
+    resumed = tmp_path / "resumed"  # stops after the step-2 checkpoint, then resumes to step 4
+    assert main(["train", str(config), "--run-dir", str(resumed), "--set", "trainer.steps=2"]) == 0
+    assert main(["train", str(config), "--run-dir", str(resumed), "--resume"]) == 0
+    assert stable_metrics(resumed) == records
+    final = [torch.load(run / "checkpoints" / "step_000004" / "team" / "verl_actor" / "model_world_size_1_rank_0.pt",
+                        weights_only=True) for run in (straight, resumed)]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(final[0][k].full_tensor(), final[1][k].full_tensor()) for k in final[0])
+    assert any("lora_B" in k for k in final[0])
 
 
 def test_an_unknown_target_module_is_a_user_error_naming_the_field(tmp_path, capsys):
