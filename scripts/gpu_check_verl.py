@@ -15,8 +15,8 @@ process. Per group it checks and reports:
 * update wall time and peak GPU memory.
 
 ``--tiny`` shrinks the model so the same checks run on a CPU (CI exercises it).
-Tier B (``--vllm``, two vLLM hybrid groups on one GPU) needs the ``unimas[gpu]``
-stack; until the vLLM rollout is wired into the group it reports that and exits 2.
+Tier B (two vLLM hybrid groups on one GPU) is ``scripts/gpu_check_vllm.py``; it
+needs the ``unimas[gpu]`` stack.
 
     python scripts/gpu_check_verl.py            # tier A on a GPU
     python scripts/gpu_check_verl.py --tiny     # the same checks, tiny shape, CPU
@@ -210,17 +210,11 @@ def check_group(group: VerlModelGroup, other: VerlModelGroup, model_dir: str, tu
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny model shape (runs on CPU)")
-    parser.add_argument("--vllm", action="store_true", help="tier B: two vLLM hybrid groups (needs unimas[gpu])")
     parser.add_argument("--rows", type=int, default=8, help="turns per update")
     parser.add_argument("--out", type=Path, help="also write the report as JSON here")
     parser.add_argument("--ray-stand-in", action="store_true", help="answer verl's Ray imports with an inert "
                         "stand-in even where Ray is installed (automatic where it is not)")
     args = parser.parse_args()
-    if args.vllm:
-        found = importlib.util.find_spec("vllm") is not None
-        print(json.dumps({"tier": "B", "vllm_installed": found, "ran": False,
-                          "reason": "the vLLM rollout is not wired into the verl group yet (docs/verl.md)"}))
-        return 2
     cuda = torch.cuda.is_available()
     bf16 = cuda and not args.tiny
     dtype = "bfloat16" if bf16 else "float32"

@@ -129,7 +129,7 @@ def test_validation_refuses_what_verl_cannot_run(registry):
         ({"m": {"options": {"rollout": "vllm"}}}, "models.m.options.rollout", "needs a GPU"),
         ({"m": {"options": {"rollout": "vllm", "tensor_parallel_size": 2}, "resources": {"gpus": 1}}},
          "models.m.options.tensor_parallel_size", "whole GPUs"),
-        ({"m": {"resources": {"gpus": 2}}}, "models.m.resources.gpus", "at most 1 GPU"),
+        ({"m": {"resources": {"gpus": 2}}}, "models.m.resources.gpus", "workers: ray"),
         ({"m": {"optim": {"schedule": "linear"}}}, "models.m.optim.schedule", "constant and cosine"),
         ({"m": {"options": {"rollout_mode": "standalone"}}}, "models.m.options.rollout_mode", "not implemented"),
     ]
@@ -163,7 +163,7 @@ def test_vllm_groups_sharing_one_gpu_must_leave_room(registry):
     tree = experiment({"m": shared(0.4), "n": shared(0.4)}, {"speaker": "m", "listener": "n"})
     found = problems_of(tree, registry)
     assert "models.*.options.gpu_memory_utilization" not in found
-    assert "not wired into the group yet" in found["models.m.options.rollout"]  # said plainly until it is
+    assert "workers: ray" in found["models.m.options.workers"]  # vLLM is fed by a worker group's ranks
 
 
 def test_dry_run_plan_names_engine_rollout_and_devices():
@@ -175,7 +175,8 @@ def test_dry_run_plan_names_engine_rollout_and_devices():
     assert "verl group n: trained, fsdp2 engine on a shared GPU, rollout vllm TP 1, memory fraction 0.3" in plan
 
 
-@pytest.mark.parametrize("name", ["verl_one_gpu.yaml", "verl_multi_gpu.yaml"])
+@pytest.mark.parametrize("name", ["verl_one_gpu.yaml", "verl_multi_gpu.yaml", "verl_vllm_one_gpu.yaml",
+                                  "verl_vllm_four_gpus.yaml"])
 def test_gpu_examples_validate(name, model_dir, capsys):
     """The GPU examples point at a model the user downloads: a tiny model dir stands in."""
     sets = [a for g in ("solver_model", "verifier_model") for a in ("--set", f"models.{g}.options.path={model_dir}")]
@@ -190,3 +191,12 @@ def test_one_gpu_example_dry_run_plans_two_groups_on_a_shared_gpu(model_dir, cap
     for group in ("solver_model", "verifier_model"):
         assert f"verl group {group}: trained, fsdp2 engine on a shared GPU, rollout hf (hybrid" in out
     assert "total: 2 CPU, 1 GPU" in out
+
+
+def test_four_gpu_vllm_example_plans_two_ranked_groups(model_dir, capsys):
+    sets = [a for g in ("solver_model", "verifier_model") for a in ("--set", f"models.{g}.options.path={model_dir}")]
+    assert main(["train", str(EXAMPLES / "gpu" / "verl_vllm_four_gpus.yaml"), "--dry-run", *sets]) == 0
+    out = capsys.readouterr().out
+    for group in ("solver_model", "verifier_model"):
+        assert f"verl group {group}: trained, fsdp2 engine on a Ray worker group of 2 rank(s) on 2 GPU, rollout vllm" \
+            in out

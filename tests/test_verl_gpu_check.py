@@ -1,5 +1,5 @@
-"""scripts/gpu_check_verl.py tier A at a tiny shape on CPU: the GPU check's own checks must pass here, so a GPU run
-fails only for GPU reasons."""
+"""The GPU checks at a tiny shape on CPU (scripts/gpu_check_verl.py tier A, scripts/gpu_check_vllm.py tier B with
+hf servers for vLLM): the checks must pass here, so a GPU run fails only for GPU reasons."""
 
 from __future__ import annotations
 
@@ -25,13 +25,16 @@ def test_tier_a_checks_pass_at_tiny_shape(tmp_path, monkeypatch):
         assert group["sync_logprob_diff"] <= 1e-5 and group["export_matches_hf_state_dict"]
 
 
-def test_tier_b_says_plainly_that_it_did_not_run(monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("gpu_check_verl", REPO / "scripts" / "gpu_check_verl.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    monkeypatch.setattr(sys, "argv", ["gpu_check_verl.py", "--vllm"])
-    assert script.main() == 2
-    assert json.loads(capsys.readouterr().out)["ran"] is False
+def test_tier_b_checks_pass_with_hf_servers_in_place_of_vllm(tmp_path):
+    """Tier B's path (two one-rank worker groups, served rollouts, sleep, sync check, isolation) minus vLLM."""
+    out = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_check_vllm.py"), "--tiny", "--rows", "4",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["server_names"] == {"alpha": ["unimas_alpha_hf_server_0_0"],
+                                                       "beta": ["unimas_beta_hf_server_0_0"]}
+    assert report["sync_logprob_diff"] <= 1e-5 and report["other_group_logprob_change"] == 0.0
 
 
 def test_tier_a_runs_with_verls_ray_imports_answered_by_the_stand_in(tmp_path):

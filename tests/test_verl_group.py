@@ -161,7 +161,7 @@ def test_kl_to_a_forward_only_reference_that_keeps_the_initial_weights():
     initial = group.trainer_logprobs(FIXED)
     kl = [group.update(turns_of(group.generate(requests()), [1.0, -1.0, 1.0, -1.0]))["kl"] for _ in range(2)]
     assert kl[0] == 0.0 < kl[1]  # the first update starts at the reference; the second has moved away from it
-    assert group.trainer_logprobs(FIXED, group.reference) == initial
+    assert group.trainer_logprobs(FIXED, reference=True) == initial
     assert group.trainer_logprobs(FIXED) != initial
 
 

@@ -148,7 +148,7 @@ def test_the_kl_reference_is_the_bare_base():
     base = base_logprobs(group.configs.actor.model_config.local_path, FIXED)
     kl = [group.update(turns_of(group.generate(requests()), [1.0, -1.0, 1.0, -1.0]))["kl"] for _ in range(2)]
     assert kl[0] == 0.0 < kl[1]
-    reference = group.trainer_logprobs(FIXED, group.reference)
+    reference = group.trainer_logprobs(FIXED, reference=True)
     assert max(abs(a - b) for x, y in zip(reference, base) for a, b in zip(x, y)) <= 1e-5
     assert group.trainer_logprobs(FIXED) != reference
 
@@ -183,6 +183,8 @@ def test_validation_accepts_one_shared_adapter_and_refuses_what_the_rollout_cann
         (frozen_group, "models.team.lora", "frozen"),
         (lambda t: t["models"]["team"]["options"].update(rollout_server=True), "models.team.options.rollout_server",
          "bfloat16"),
+        (lambda t: t["models"]["team"]["options"].update(workers="ray"), "models.team.options.workers",
+         "workers: in_process"),
     ]
     for change, where, message in cases:
         found = problems_of(change)

@@ -78,9 +78,9 @@ def test_each_group_has_its_own_named_server_built_by_verl(groups):
     for group in (a, b):
         name = group.rollout.server_names[0]
         # the actor verl's replica launched is the one the trainer-side adapter finds by name
-        assert ray.get_actor(name)._actor_id == group.rollout.server._actor_id
+        assert ray.get_actor(name)._actor_id == group.rollout.servers[0]._actor_id
         assert type(group.rollout.replicas[0]).__name__ == "HFServerReplica"
-    assert a.rollout.server._actor_id != b.rollout.server._actor_id
+    assert a.rollout.servers[0]._actor_id != b.rollout.servers[0]._actor_id
 
 
 def test_sync_through_the_checkpoint_engine_matches_the_trainer_and_isolates_groups(groups):

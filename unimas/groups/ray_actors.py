@@ -46,6 +46,7 @@ from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import GenRequest, GenResult, TrainTurn
 from unimas.groups.build import build_group
 from unimas.groups.placement import placement_plan
+from unimas.groups.verl import plan as verl_plan
 from unimas.process import torch_setup
 from unimas.registry import build_registry
 
@@ -230,7 +231,9 @@ class RayTransport:
             # a group with a rollout copy (max_staleness > 0) generates while it updates: two calls at once;
             # its own locks order them
             overlap = config.algorithm_for(name).max_staleness > 0
-            options: dict[str, Any] = {"num_cpus": res.cpus, "num_gpus": res.gpus, "max_restarts": 0,
+            # a verl worker group's ranks take the group's GPUs themselves; its actor only drives them
+            gpus = 0 if verl_plan.ranks_on_ray(config.models[name]) else res.gpus
+            options: dict[str, Any] = {"num_cpus": res.cpus, "num_gpus": gpus, "max_restarts": 0,
                                        "max_concurrency": 2 if overlap else 1}
             if res.memory_gb:
                 options["memory"] = int(res.memory_gb * 2**30)

@@ -1,11 +1,13 @@
 """``backend: verl``: a model group trained by verl's FSDP2 engine, generating through a verl rollout.
 
-One :class:`VerlModelGroup` hosts, in this process:
+One :class:`VerlModelGroup` hosts, in this process (``options.workers:
+in_process``) or on a Ray worker group of ``options.world_size`` ranks
+(``workers: ray``, see :mod:`.workers`):
 
-* the **actor**: verl's ``TrainingWorker`` (FSDP2; gloo on CPU through
-  :mod:`.platform`, NCCL on GPU) that computes log-probs and runs the PPO/GRPO
-  mini-batch loop. Its loss is :func:`unimas.algorithms.compose_loss`, the
-  composition every backend shares, fed with unimas's advantages (the credit
+* the **actor**: verl's engine (FSDP2; gloo on CPU through :mod:`.platform`,
+  NCCL on GPU) that computes log-probs and runs the PPO/GRPO mini-batch loop.
+  Its loss is :func:`unimas.algorithms.compose_loss`, the composition every
+  backend shares, fed with unimas's advantages (the credit
   path); verl's own advantage estimators are never called;
 * the **reference** (only with ``kl_coef > 0``): a forward-only
   ``TrainingWorker`` holding the initial weights;
@@ -14,8 +16,9 @@ One :class:`VerlModelGroup` hosts, in this process:
   of the weights, which change only through a weight sync after each update;
   every sync is checked: the rollout's log-probs on the tokens just trained
   must equal the trainer's (``options.sync_tolerance``). With
-  ``options.rollout_server`` the rollout is a Ray actor reached through verl's
-  server and checkpoint-engine managers instead (:mod:`.servers`).
+  ``options.rollout_server`` or ``workers: ray`` the rollout is served by Ray
+  actors (one per rank) reached through verl's server and checkpoint-engine
+  managers instead (:mod:`.servers`).
 
 Several groups in one process each build their own FSDP2 module on the same
 one-rank process group, so their weights never mix. The groups' verl-side
@@ -39,13 +42,12 @@ import threading
 import time
 import weakref
 from collections import defaultdict
-from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 import torch
 
-from unimas import algorithms
+from unimas.config import GenerationConfig
 from unimas.errors import UserError
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import chat, sampling
@@ -53,26 +55,15 @@ from unimas.groups.torch import source as source_of
 from unimas.groups.torch.group import _check_target_modules as check_target_modules
 from unimas.groups.verl import batch as rows_of
 from unimas.groups.verl import lora, platform, prompts
-from unimas.groups.verl.options import SERVER_ROLLOUT, VerlOptions, translate
+from unimas.groups.verl.options import VerlOptions, translate
 from unimas.groups.verl.plan import group_problems
+from unimas.groups.verl.workers import InProcessTrainer
 
 ACTOR_DIR, STATE_FILE, RNG_FILE = "verl_actor", "unimas_group.json", "rollout_rng.pt"
+SYNC_PROBE_TURNS, SYNC_PROBE_TOKENS = 4, 4
+"""How much a rollout that cannot score given tokens samples to check a sync (prompts, tokens each)."""
 UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
                   "rollout_logprob_diff", "lr", "tokens", "update_time_s", "stale_turns", "importance_weight")
-
-
-def unimas_loss(policy_loss: Any, algorithm: Any, model_output: Any, data: Any, dp_group: Any = None):
-    """verl loss-function signature around unimas's shared loss composition (one micro-batch = one mini-batch)."""
-    from verl.workers.utils.padding import no_padding_2_padding
-
-    log_prob = no_padding_2_padding(model_output["log_probs"], data)
-    entropy = model_output.get("entropy", None)
-    entropy = torch.zeros_like(log_prob) if entropy is None else no_padding_2_padding(entropy, data)
-    keys = ["response_mask", "old_log_probs", "advantages"] + (["ref_log_prob"] if "ref_log_prob" in data else [])
-    fields = data.select(*keys).to_padded_tensor()
-    return algorithms.compose_loss(policy_loss, algorithm, log_prob=log_prob, old_log_prob=fields["old_log_probs"],
-                                   advantages=fields["advantages"], response_mask=fields["response_mask"].float(),
-                                   entropy=entropy, ref_log_prob=fields.get("ref_log_prob", None))
 
 
 class VerlModelGroup(ModelGroup):
@@ -82,7 +73,6 @@ class VerlModelGroup(ModelGroup):
 
     def __init__(self, spec: GroupSpec, model_dir: str, tokenizer: Any, eos_ids: list[int],
                  max_positions: Optional[int]):
-        from verl.workers.engine_workers import TrainingWorker
         from verl.workers.rollout.base import get_rollout_class
 
         from unimas.groups.verl import rollout
@@ -93,32 +83,46 @@ class VerlModelGroup(ModelGroup):
         self._rollout_lock = threading.RLock()
         self._train_lock = threading.RLock()
         self.configs = translate(spec, model_dir)
-        self.actor = self.reference = None
-        with platform.rendezvous_environment():
-            if self.trainable:
-                with lora.seeded_init(self.configs.actor.model_config, spec.seed):
-                    self.actor = TrainingWorker(self.configs.actor)
-                    self.actor.reset()
-                self.actor.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
-            if self.configs.reference is not None:
-                self.reference = TrainingWorker(self.configs.reference)
-                self.reference.reset()
-        if self.configs.rollout.name == SERVER_ROLLOUT:
+        self.served = spec.options.serves_hf or spec.options.rollout == "vllm"
+        if spec.options.workers == "ray":
+            from unimas.groups.verl import worker_config
             from unimas.groups.verl.servers import ServerRollout
+            from unimas.groups.verl.workers import RayTrainer
 
-            self.rollout = ServerRollout(self.configs, self.actor)
-            weakref.finalize(self, self.rollout.close)
+            root = worker_config.compose(spec, model_dir)
+            self.trainer = RayTrainer(spec, root, worker_config.role(spec))
+            weakref.finalize(self, self.trainer.close)
+            self.rollout = ServerRollout(root, self.trainer.workers)
         else:
-            rollout.register()
-            rollout_class = get_rollout_class(self.configs.rollout.name, self.configs.rollout.mode)
-            self.rollout = rollout_class(config=self.configs.rollout, model_config=self.configs.actor.model_config)
+            self.trainer = InProcessTrainer(spec, self.configs)
+            if self.served:
+                from unimas.groups.verl.servers import ServerRollout
+
+                self.rollout = ServerRollout.in_process(self.configs, self.trainer.actor)
+            else:
+                rollout.register()
+                rollout_class = get_rollout_class(self.configs.rollout.name, self.configs.rollout.mode)
+                self.rollout = rollout_class(config=self.configs.rollout,
+                                             model_config=self.configs.actor.model_config)
+        if self.served:
+            weakref.finalize(self, self.rollout.close)
         self.weight_version = 0
         self.last_sync_diff: Optional[float] = None
         """Largest |rollout - trainer| log-prob measured after the latest sync (None before any check)."""
-        if self.actor is not None:
+        if self.trainable:
             self.sync_weights()
         else:
             self.rollout.weight_version = 0  # a frozen group keeps the weights it was built with
+
+    @property
+    def actor(self) -> Any:
+        """The in-process actor ``TrainingWorker`` (None when frozen or hosted on a Ray worker group)."""
+        return getattr(self.trainer, "actor", None)
+
+    @property
+    def reference(self) -> Any:
+        """The in-process reference ``TrainingWorker`` (None without a KL term or on a Ray worker group)."""
+        return getattr(self.trainer, "reference", None)
 
     @classmethod
     def build(cls, spec: GroupSpec) -> "VerlModelGroup":
@@ -160,7 +164,7 @@ class VerlModelGroup(ModelGroup):
         """Send the actor's weights (HF-named full tensors) to the rollout, tagged with the weight version."""
         from unimas.groups.verl.rollout import run_sync
 
-        if self.configs.rollout.name == SERVER_ROLLOUT:
+        if self.served:
             with self._rollout_lock:
                 self.rollout.sync(self.weight_version)  # verl's checkpoint-engine manager (servers.py)
             return
@@ -169,32 +173,40 @@ class VerlModelGroup(ModelGroup):
         with self._rollout_lock:
             run_sync(self.rollout.update_weights(weights, global_steps=self.weight_version))
 
-    def trainer_logprobs(self, turns: list[TrainTurn], worker: Any = None) -> list[list[float]]:
-        """Per-token log-probs of the turns' responses under the actor (or ``worker``), at each turn's temperature."""
-        rows = rows_of.layout(turns, self.pad_id)
-        return [row[: len(t.response_ids)] for row, t in zip(self._logprobs(rows, worker).tolist(), turns)]
+    def trainer_logprobs(self, turns: list[TrainTurn], reference: bool = False) -> list[list[float]]:
+        """Per-token log-probs of the turns' responses under the actor (or reference), at each turn's temperature."""
+        rows = rows_of.layout(turns, self.pad_id, rows_of.padded_size(len(turns), self.trainer.ranks))
+        return [row[: len(t.response_ids)] for row, t in zip(self._logprobs(rows, reference).tolist(), turns)]
 
     def score(self, turns: list[TrainTurn]) -> list[float]:
         with self._train_lock:
             return [sum(row) for row in self.trainer_logprobs(turns)] if turns else []
 
-    def _logprobs(self, rows: rows_of.Rows, worker: Any = None) -> torch.Tensor:
-        from verl.utils import tensordict_utils as tu
-
-        worker = worker or self.actor
+    def _logprobs(self, rows: rows_of.Rows, reference: bool = False) -> Optional[torch.Tensor]:
         # Without a token budget, one forward for the whole batch (verl needs micro-batches that divide it).
-        batching = {} if self.spec.options.dynamic_batch_size else {"micro_batch_size_per_gpu": rows.size}
-        data = rows_of.engine_input(rows, calculate_entropy=False, compute_loss=False, **batching)
-        output = worker.infer_batch(data)
-        return rows_of.to_rows(output, "log_probs", data) * rows.tensors["response_mask"].float() \
-            if tu.get(output, "log_probs") is not None else None
+        per_rank = rows.size // self.trainer.ranks
+        batching = {} if self.spec.options.dynamic_batch_size else {"micro_batch_size_per_gpu": per_rank}
+        values = self.trainer.log_probs(rows, reference, **batching)
+        return None if values is None else values * rows.tensors["response_mask"].float()
 
     def _check_sync(self, turns: list[TrainTurn]) -> None:
-        """After a sync, the rollout must score the just-trained tokens exactly as the trainer does."""
+        """After a sync, the rollout must score the just-trained tokens exactly as the trainer does.
+
+        A rollout that cannot score given tokens (vLLM's servers) is checked on
+        tokens it samples instead: its reported log-probs against the trainer's.
+        """
+        if not getattr(self.rollout, "can_score", True):
+            turns = self._sampled_probe(turns[:SYNC_PROBE_TURNS])
         trainer = self.trainer_logprobs(turns)
-        served = self.rollout.logprobs([t.prompt_ids for t in turns], [t.response_ids for t in turns],
-                                       [t.temperature or 1.0 for t in turns])
-        diff = max((abs(a - b) for x, y in zip(trainer, served) for a, b in zip(x, y)), default=0.0)
+        asked = ([t.prompt_ids for t in turns], [t.response_ids for t in turns], [t.temperature or 1.0 for t in turns])
+        if not getattr(self.rollout, "can_score", True):
+            answers = [[list(t.rollout_logprobs) for t in turns]]
+        elif hasattr(self.rollout, "logprobs_per_server"):
+            answers = self.rollout.logprobs_per_server(*asked)
+        else:
+            answers = [self.rollout.logprobs(*asked)]
+        diff = max((abs(a - b) for served in answers for x, y in zip(trainer, served) for a, b in zip(x, y)),
+                   default=0.0)
         self.last_sync_diff = diff
         if diff > self.spec.options.sync_tolerance or self.rollout.weight_version != self.weight_version:
             raise RuntimeError(f"model group '{self.name}': after the weight sync the rollout (version "
@@ -202,13 +214,22 @@ class VerlModelGroup(ModelGroup):
                                f"{self.weight_version}) by {diff:.2e} in log-prob (tolerance "
                                f"{self.spec.options.sync_tolerance:.0e})")
 
+    def _sampled_probe(self, turns: list[TrainTurn]) -> list[TrainTurn]:
+        """A few tokens sampled at temperature 1 from the trained prompts, with the rollout's log-probs."""
+        gen = GenerationConfig(max_new_tokens=SYNC_PROBE_TOKENS, temperature=1.0, require_eos=False)
+        with self._rollout_lock:
+            tokens, logprobs = self.rollout.generate([t.prompt_ids for t in turns], gen, False, self.eos_ids,
+                                                     self.pad_id)
+        return [TrainTurn(list(t.prompt_ids), list(ids), list(lps), 0.0, temperature=1.0)
+                for t, ids, lps in zip(turns, tokens, logprobs) if ids]
+
     # ----------------------------------------------------------- generation
 
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         """Sample every request through the rollout; requests sharing settings run as one batch."""
         buckets: dict[tuple, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
-            if request.adapter not in (None, *self.spec.adapters):  # the one adapter is merged into the rollout
+            if request.adapter not in (None, *self.spec.adapters):  # the rollout holds the group's one adapter
                 raise ValueError(f"model group '{self.name}' (verl) has no LoRA adapter '{request.adapter}'")
             gen = request.generation
             greedy = request.greedy or gen.temperature == 0
@@ -254,14 +275,13 @@ class VerlModelGroup(ModelGroup):
             return self._update(turns)
 
     def _lr(self) -> float:
-        return float(self.actor.engine.optimizer.param_groups[0]["lr"])
+        return self.trainer.learning_rate()
 
     def _update(self, turns: list[TrainTurn]) -> dict[str, float]:
-        from verl.utils import tensordict_utils as tu
-
         start = time.perf_counter()
         algorithm = self.spec.algorithm
-        mini = min(algorithm.mini_batch_size or len(turns), len(turns))
+        ranks = self.trainer.ranks  # every mini-batch is split evenly over the ranks
+        mini = rows_of.padded_size(min(algorithm.mini_batch_size or len(turns), len(turns)), ranks)
         rows = rows_of.layout(turns, self.pad_id, rows_of.padded_size(len(turns), mini))
         old = self._logprobs(rows)
         stale = [t.weight_version is not None and t.weight_version < self.weight_version for t in turns]
@@ -272,14 +292,17 @@ class VerlModelGroup(ModelGroup):
         mismatch = float(((old - sampled).abs() * known).max()) if any(exact) else 0.0
         importance = self._reweight_stale(rows, old, turns, stale)
         extra = {"old_log_probs": old}
-        if self.reference is not None:
-            extra["ref_log_prob"] = self._logprobs(rows, self.reference)
+        if self.configs.reference is not None:
+            extra["ref_log_prob"] = self._logprobs(rows, reference=True)
         lr = self._lr()
-        data = rows_of.engine_input(
+        if self.served and self.spec.algorithm.max_staleness == 0:
+            with self._rollout_lock:
+                self.rollout.sleep()  # vLLM frees its memory for the update; the sync below wakes it
+        verl_metrics = self.trainer.train(
             rows, extra, calculate_entropy=True, compute_loss=True, global_batch_size=rows.size,
             mini_batch_size=mini, epochs=algorithm.ppo_epochs, seed=self.spec.seed + self.weight_version,
-            dataloader_kwargs={"shuffle": mini < rows.size}, micro_batch_size_per_gpu=mini, use_dynamic_bsz=False)
-        verl_metrics = rows_of.mean_metrics(tu.get(self.actor.train_mini_batch(data), "metrics"))
+            dataloader_kwargs={"shuffle": mini < rows.size}, micro_batch_size_per_gpu=mini // ranks,
+            use_dynamic_bsz=False)
         self.weight_version += 1
         self.sync_weights()
         self._check_sync(turns)
@@ -312,10 +335,10 @@ class VerlModelGroup(ModelGroup):
         directory = Path(directory)
         with self._train_lock, self._rollout_lock:
             directory.mkdir(parents=True, exist_ok=True)
-            if self.actor is not None:
-                self.actor.save_checkpoint(str(directory / ACTOR_DIR), None, self.weight_version, None)
+            if self.trainable:
+                self.trainer.save(str(directory / ACTOR_DIR), self.weight_version)
             torch.save({"generator": self.rollout.generator.get_state()}, directory / RNG_FILE)
-            state = {"backend": "verl", "weight_version": self.weight_version, "world_size": 1}
+            state = {"backend": "verl", "weight_version": self.weight_version, "world_size": self.trainer.ranks}
             (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     def load(self, directory: Path) -> None:
@@ -327,9 +350,13 @@ class VerlModelGroup(ModelGroup):
                 rng = torch.load(directory / RNG_FILE, weights_only=True)
             except (OSError, ValueError, RuntimeError) as exc:
                 raise UserError(f"not a verl group checkpoint ({exc})", where=str(directory)) from None
-            if self.actor is not None:
-                self.actor.load_checkpoint(str(directory / ACTOR_DIR), None, False)
+            if int(state.get("world_size", 1)) != self.trainer.ranks:
+                raise UserError(f"the checkpoint was saved by {state.get('world_size')} ranks and model group "
+                                f"'{self.name}' has {self.trainer.ranks}; resume with the same "
+                                "options.world_size", where=str(directory))
+            if self.trainable:
+                self.trainer.load(str(directory / ACTOR_DIR))
             self.weight_version = int(state["weight_version"])
             self.rollout.generator.set_state(rng["generator"])
-            if self.actor is not None:
+            if self.trainable:
                 self.sync_weights()

@@ -58,6 +58,12 @@ class VerlOptions(BaseModel):
     rollout_server: bool = Field(False, description="generate through verl's rollout servers (a Ray actor per "
                                  "group, verl's load balancer) and sync weights through verl's checkpoint engine "
                                  "(naive); false = the rollout lives in the group's process")
+    workers: Literal["in_process", "ray"] = Field(
+        "in_process", description="in_process = verl's engine in the group's process (one rank); ray = verl's "
+        "RayWorkerGroup of ActorRolloutRefWorker ranks with verl's hybrid rollout servers (needed for several "
+        "ranks and for rollout: vllm)")
+    world_size: int = Field(1, ge=1, description="data-parallel ranks of a `workers: ray` group (on GPU one GPU "
+                            "each, so equal to resources.gpus when that is 1 or more; on CPU gloo processes)")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor-parallel size")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="share of GPU memory for the vLLM cache")
     remove_padding: bool = Field(True, description="verl remove-padding (packed sequences) forward")
@@ -91,6 +97,11 @@ class VerlOptions(BaseModel):
     def alphabet(self) -> Optional[str]:
         return self.tiny.alphabet if self.tiny is not None else None
 
+    @property
+    def serves_hf(self) -> bool:
+        """The ``hf`` rollout runs in a Ray server actor (server mode, or any worker-group group)."""
+        return self.rollout == "hf" and (self.rollout_server or self.workers == "ray")
+
     def source(self) -> TorchOptions:
         """The same weights source as torch-backend options (reuses its loaders)."""
         return TorchOptions(path=self.path, tiny=self.tiny)
@@ -102,6 +113,10 @@ def _apply(target: Any, fields: dict[str, Any]) -> Any:
             raise ValueError(f"verl {type(target).__name__} has no field '{key}'")
         object.__setattr__(target, key, value)
     return target
+
+
+MODEL_FIELDS = ("path", "use_remove_padding", "override_config", "enable_gradient_checkpointing")
+"""The ``HFModelConfig`` fields :func:`model_config` sets (the rest are verl's defaults or derived from the weights)."""
 
 
 def model_config(options: VerlOptions, model_dir: str, adapter: Optional[LoraConfig] = None):
@@ -144,7 +159,7 @@ def rollout_config(spec: GroupSpec, options: VerlOptions):
     """verl's rollout settings; the group name travels in ``custom`` so servers and sockets are per group."""
     from verl.workers.config import RolloutConfig
 
-    name = SERVER_ROLLOUT if options.rollout_server else ROLLOUT_NAMES[options.rollout]
+    name = SERVER_ROLLOUT if options.serves_hf else ROLLOUT_NAMES[options.rollout]
     return _apply(RolloutConfig(name=name, mode="async",
                                 tensor_model_parallel_size=options.tensor_parallel_size,
                                 gpu_memory_utilization=options.gpu_memory_utilization, seed=spec.seed,

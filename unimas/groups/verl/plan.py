@@ -35,6 +35,12 @@ def verl_groups(config: ExperimentConfig) -> dict[str, VerlOptions]:
     return {name: options for name, options in found.items() if options is not None}
 
 
+def ranks_on_ray(group: ModelGroupConfig) -> bool:
+    """The group's engine runs on its own Ray worker group (``options.workers: ray``), not in its process."""
+    options = _options(group) if group.backend == BACKEND else None
+    return options is not None and options.workers == "ray"
+
+
 def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, adapters: list[str],
                    gpu_present: bool) -> list[tuple[str, str]]:
     """(config field, problem) for one group; ``gpu_present``: this process sees a GPU (build time)."""
@@ -48,26 +54,46 @@ def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, ada
     if options.rollout == "vllm" and on_cpu:
         problems.append((f"{where}.options.rollout", "the vLLM rollout needs a GPU (resources.gpus > 0 and the "
                          "unimas[gpu] install); use rollout: hf on CPU"))
-    if options.rollout == "vllm" and not on_cpu:
-        problems.append((f"{where}.options.rollout", "the vLLM rollout (verl's servers on Ray, namespaced per group "
-                         "by unimas.groups.verl.vllm_servers) is not wired into the group yet; use rollout: hf, "
-                         "which runs on the GPU too"))
+    if options.rollout == "vllm" and options.workers != "ray":
+        problems.append((f"{where}.options.workers", "the vLLM rollout is verl's hybrid one, fed by the ranks of a "
+                         "worker group: set workers: ray"))
     if options.rollout == "vllm" and options.tensor_parallel_size > max(1, math.floor(gpus)):
         problems.append((f"{where}.options.tensor_parallel_size", f"tensor-parallel size "
                          f"{options.tensor_parallel_size} needs that many whole GPUs; the group has {gpus:g}"))
-    if gpus > 1:
-        problems.append((f"{where}.resources.gpus", "a verl group runs its engine in-process on one device; "
-                         "data-parallel groups over several GPUs (verl worker groups on Ray) are not implemented "
-                         "yet: give each group at most 1 GPU"))
-    problems += lora.group_problems(name, group, adapters, options.rollout_server)
+    problems += _worker_problems(where, group, options)
+    problems += lora.group_problems(name, group, adapters, options)
     if group.optim.schedule == "linear":
         problems.append((f"{where}.optim.schedule", "verl has constant and cosine schedules only"))
-    if options.rollout_server and (options.rollout != "hf" or not group.trainable):
+    if options.rollout_server and (options.rollout != "hf" or not group.trainable) and options.workers != "ray":
         problems.append((f"{where}.options.rollout_server", "server mode serves the hf rollout of a trained group "
                          "(rollout: hf, trainable: true); drop rollout_server for this group"))
     if options.rollout_mode == "standalone":
         problems.append((f"{where}.options.rollout_mode", "standalone rollout (own GPUs, NCCL weight sync) is not "
                          "implemented yet; use hybrid"))
+    return problems
+
+
+def _worker_problems(where: str, group: ModelGroupConfig, options: VerlOptions) -> list[tuple[str, str]]:
+    """Rank counts: one rank per GPU, several ranks only on a Ray worker group."""
+    gpus, ranks = group.resources.gpus, options.world_size
+    if options.workers == "in_process":
+        if gpus > 1:
+            return [(f"{where}.resources.gpus", "an in-process verl group runs one rank on one device; for "
+                     f"{gpus:g} GPUs set options.workers: ray and options.world_size: {gpus:g}")]
+        if ranks > 1:
+            return [(f"{where}.options.world_size", "several ranks need a Ray worker group: set "
+                     "options.workers: ray")]
+        return []
+    problems = []
+    if not group.trainable:
+        problems.append((f"{where}.options.workers", "a frozen group has no ranks to host (it only generates): "
+                         "use workers: in_process"))
+    if 0 < gpus < 1 and (ranks != 1 or abs(gpus * round(1 / gpus) - 1) > 0.01):
+        problems.append((f"{where}.resources.gpus", "a worker group on a share of one GPU has one rank "
+                         "(world_size: 1) and a share of 1/k (0.5, 0.25, ...), so k groups fill the GPU"))
+    elif gpus >= 1 and (gpus != int(gpus) or ranks != int(gpus)):
+        problems.append((f"{where}.options.world_size", f"a worker group runs one rank per GPU: world_size "
+                         f"{ranks} must equal resources.gpus ({gpus:g})"))
     return problems
 
 
@@ -99,11 +125,13 @@ def plan_lines(config: ExperimentConfig) -> list[str]:
     for name, options in verl_groups(config).items():
         gpus = config.models[name].resources.gpus
         device = "CPU (gloo)" if gpus == 0 else ("a shared GPU" if gpus < 1 else f"{gpus:g} GPU")
+        if options.workers == "ray":
+            device = f"a Ray worker group of {options.world_size} rank(s) on {device}"
         rollout = options.rollout
         if rollout == "vllm":
             rollout += (f" TP {options.tensor_parallel_size}, memory fraction {options.gpu_memory_utilization:g}")
-        if options.rollout_server:
-            rollout += " served by a Ray actor through verl's LLMServerManager, synced by its checkpoint engine"
+        if options.serves_hf or options.rollout == "vllm":
+            rollout += " served by Ray actors through verl's LLMServerManager, synced by its checkpoint engine"
         trained = "trained" if config.models[name].trainable else "frozen"
         lines.append(f"  verl group {name}: {trained}, {options.strategy} engine on {device}, rollout {rollout} "
                      f"({options.rollout_mode}: colocated with its trainer), weight sync after every update")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import threading
 import types
 from typing import Any
@@ -135,6 +136,10 @@ def install_cpu_platform() -> None:
             return init_group(timeout_second=timeout_second, backend=backend or "gloo")
 
         distributed.initialize_global_process_group_ray = init_gloo
+        # verl's workers import the function by name; a module already loaded keeps the old one.
+        workers = sys.modules.get("verl.workers.engine_workers")
+        if workers is not None:
+            workers.initialize_global_process_group_ray = init_gloo
         for model_type, engine in (("language_model", transformer_impl.FSDPEngineWithLMHead),
                                    ("value_model", transformer_impl.FSDPEngineWithValueHead)):
             for strategy in ("fsdp", "fsdp2"):

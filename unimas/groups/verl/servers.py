@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import types
 from typing import Any, Iterable, Optional, Sequence
 
@@ -50,7 +51,12 @@ class HFRolloutServer:
     """Body of the server actor: unimas's HF rollout answering verl's server calls."""
 
     def __init__(self, config: Any, model_config: Any):
+        from omegaconf import DictConfig
+        from verl.utils.config import omega_conf_to_dataclass
+
         torch.set_num_threads(1)
+        if isinstance(model_config, DictConfig):  # a worker-group replica passes verl's raw model section
+            model_config = omega_conf_to_dataclass(model_config)
         self.rollout = HFRollout(config=config, model_config=model_config)
 
     def get_server_address(self) -> tuple[str, int]:
@@ -127,7 +133,11 @@ class HFServerAdapter(_base_class()):
     def __init__(self, config: Any, model_config: Any, device_mesh: Any = None, replica_rank: int = -1,
                  **_kwargs: Any):
         super().__init__(config=config, model_config=model_config, device_mesh=device_mesh)
-        self.replica_rank = max(replica_rank, 0)
+        if replica_rank < 0:  # as verl's vLLM adapter: trainer rank r feeds replica r // (ranks per replica)
+            per_replica = (config.tensor_model_parallel_size * config.data_parallel_size
+                           * config.pipeline_model_parallel_size)
+            replica_rank = int(os.environ.get("RANK", "0")) // per_replica
+        self.replica_rank = replica_rank
 
     async def resume(self, tags: list[str]) -> None:
         """The server never frees its weights or cache."""
@@ -176,57 +186,86 @@ class InProcessActorGroup:
 
 
 class _RemoteGenerator:
-    """The server's sampling generator, as ``save``/``load`` see a generator."""
+    """The servers' sampling generators, as ``save``/``load`` see a generator (one state per server)."""
 
-    def __init__(self, server: Any):
-        self.server = server
+    def __init__(self, servers: list[Any]):
+        self.servers = servers
 
-    def get_state(self) -> torch.Tensor:
-        return ray.get(self.server.rng_state.remote())
+    def get_state(self) -> list[torch.Tensor]:
+        return ray.get([server.rng_state.remote() for server in self.servers])
 
-    def set_state(self, state: torch.Tensor) -> None:
-        ray.get(self.server.set_rng_state.remote(state))
+    def set_state(self, state: torch.Tensor | list[torch.Tensor]) -> None:
+        states = [state] if isinstance(state, torch.Tensor) else list(state)
+        if len(states) != len(self.servers):
+            raise ValueError(f"the checkpoint holds {len(states)} rollout generator states for "
+                             f"{len(self.servers)} servers (was the group's world_size changed?)")
+        ray.get([server.set_rng_state.remote(one) for server, one in zip(self.servers, states)])
 
 
 def ensure_ray() -> None:
-    """Join the Ray job of this process (a ``runtime: ray`` actor) or start a local one."""
+    """Join the Ray job of this process (a ``runtime: ray`` actor) or start a local one.
+
+    A local job declares more logical CPUs than cores: each rank of a worker
+    group (:mod:`.workers`) holds a CPU bundle, and a few groups' ranks exceed
+    a small machine's cores although they mostly wait on each other.
+    """
     if not ray.is_initialized():
         ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 configure_logging=False)
+                 configure_logging=False, num_cpus=max(os.cpu_count() or 1, 16))
 
 
 class ServerRollout:
-    """The group's rollout in server mode: the surface of :class:`HFRollout`, served through verl's managers."""
+    """The group's rollout through verl's managers: the surface of :class:`HFRollout`, served by Ray actors.
 
-    def __init__(self, configs: Any, actor: Any):
+    ``root`` is verl's trainer config (or a view of it) whose
+    ``actor_rollout_ref.rollout``/``.model`` describe the rollout;
+    ``actor_group`` is the worker group whose ranks push weights at a sync —
+    :class:`InProcessActorGroup` for an in-process trainer, verl's
+    ``RayWorkerGroup`` for a worker-group trainer (a server replica per rank).
+    """
+
+    def __init__(self, root: Any, actor_group: Any):
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.workers.config import CheckpointEngineConfig
-        from verl.workers.rollout.base import get_rollout_class
         from verl.workers.rollout.llm_server import LLMServerManager
 
-        rollout_config = configs.rollout
-        self.group = rollout_config.custom["group"]
+        self.group = root.actor_rollout_ref.rollout.custom["group"]
         try:
             import cachetools  # noqa: F401 - verl's load balancer needs it; say so before Ray starts
         except ImportError:
-            raise UserError("server mode needs the cachetools package (verl's load balancer imports it): "
-                            "pip install cachetools", where=f"models.{self.group}.options.rollout_server") from None
+            raise UserError("verl's rollout servers need the cachetools package (verl's load balancer imports "
+                            "it): pip install cachetools", where=f"models.{self.group}.options") from None
         ensure_ray()
         register()
-        verl_view = types.SimpleNamespace(actor_rollout_ref=types.SimpleNamespace(
-            rollout=rollout_config, model=configs.actor.model_config))
-        adapter = get_rollout_class(rollout_config.name, rollout_config.mode)(
-            config=rollout_config, model_config=configs.actor.model_config, replica_rank=0)
-        self.actor_group = InProcessActorGroup(actor, adapter)
-        self.manager = LLMServerManager.create(config=verl_view, worker_group=self.actor_group)
+        self.can_score = root.actor_rollout_ref.rollout.name != "vllm"
+        """Whether the servers score given tokens (unimas's hf servers); vLLM's only report sampled log-probs."""
+        if not self.can_score:
+            from unimas.groups.verl import vllm_servers
+
+            vllm_servers.register()
+        self.actor_group = actor_group
+        self.manager = LLMServerManager.create(config=root, worker_group=actor_group)
         self.replicas = self.manager.get_replicas()
-        self.server = self.replicas[0].server_handle
+        self.servers = [replica.server_handle for replica in self.replicas]
         self.client = self.manager.get_client()
         self.checkpoints = CheckpointEngineManager(config=CheckpointEngineConfig(backend="naive"),
-                                                   actor_wg=self.actor_group, replicas=self.replicas)
-        self.generator = _RemoteGenerator(self.server)
+                                                   actor_wg=actor_group, replicas=self.replicas)
+        # vLLM's sampling state is its own (not saved): a resumed vLLM run samples afresh
+        self.generator = _RemoteGenerator(self.servers if self.can_score else [])
         self._requests = itertools.count()
-        self._version: Optional[int] = ray.get(self.server.weight_version.remote())
+        self._version: Optional[int] = self._server_version()
+
+    @classmethod
+    def in_process(cls, configs: Any, actor: Any) -> "ServerRollout":
+        """Server mode of an in-process trainer: one server, fed through :class:`InProcessActorGroup`."""
+        from verl.workers.rollout.base import get_rollout_class
+
+        register()
+        root = types.SimpleNamespace(actor_rollout_ref=types.SimpleNamespace(
+            rollout=configs.rollout, model=configs.actor.model_config))
+        adapter = get_rollout_class(configs.rollout.name, configs.rollout.mode)(
+            config=configs.rollout, model_config=configs.actor.model_config, replica_rank=0)
+        return cls(root, InProcessActorGroup(actor, adapter))
 
     @property
     def server_names(self) -> list[str]:
@@ -235,17 +274,39 @@ class ServerRollout:
 
     @property
     def weight_version(self) -> Optional[int]:
-        """The version the server last reported (after a sync, or with its latest answers)."""
+        """The version the servers last reported (after a sync, or with their latest answers)."""
         return self._version
 
+    def _server_version(self) -> Optional[int]:
+        """The servers' common weight version; a disagreement is a failed sync.
+
+        vLLM's servers have no version query; they stamp every answer, so their
+        version is known from the next generation (the sync check samples one).
+        """
+        if not self.can_score:
+            return None
+        versions = set(ray.get([server.weight_version.remote() for server in self.servers]))
+        if len(versions) != 1:
+            raise RuntimeError(f"model group '{self.group}': its rollout servers hold different weight versions "
+                               f"{sorted(versions, key=str)} after a sync")
+        return versions.pop()
+
     def sync(self, global_steps: int) -> None:
-        """verl's naive checkpoint-engine sync of the in-process trainer's weights to the server."""
+        """verl's naive checkpoint-engine sync: every trainer rank pushes its weights to its server."""
         self.checkpoints.update_weights(global_steps=global_steps)
-        self._version = ray.get(self.server.weight_version.remote())
+        self._version = self._server_version()
+
+    def sleep(self) -> None:
+        """Free the servers' weights and cache while the trainer updates (vLLM; hf servers keep theirs).
+
+        The next :meth:`sync` brings them back: verl's naive sync resumes the
+        weights before loading and the cache after.
+        """
+        self.checkpoints.sleep_replicas()
 
     def generate(self, prompts: Sequence[list[int]], gen: GenerationConfig, greedy: bool, eos_ids: Sequence[int],
                  pad_id: int) -> tuple[list[list[int]], list[list[float]]]:
-        """One ``LLMServerClient.generate`` request per prompt, all in flight together."""
+        """One ``LLMServerClient.generate`` request per prompt, all in flight together (verl balances servers)."""
         params = {"max_tokens": gen.max_new_tokens, "temperature": 0.0 if greedy else gen.temperature,
                   "logprobs": True, "unimas": {"generation": gen.model_dump(), "greedy": greedy,
                                                "eos_ids": list(eos_ids), "pad_id": pad_id}}
@@ -262,8 +323,14 @@ class ServerRollout:
 
     def logprobs(self, prompts: Sequence[list[int]], responses: Sequence[list[int]],
                  temperatures: Sequence[float]) -> list[list[float]]:
-        """The server's teacher-forced log-probs (the sync check)."""
-        return ray.get(self.server.logprobs.remote(list(prompts), list(responses), list(temperatures)))
+        """The first server's teacher-forced log-probs."""
+        return self.logprobs_per_server(prompts, responses, temperatures)[0]
+
+    def logprobs_per_server(self, prompts: Sequence[list[int]], responses: Sequence[list[int]],
+                            temperatures: Sequence[float]) -> list[list[list[float]]]:
+        """Every server's teacher-forced log-probs (the sync check holds each to the trainer's)."""
+        return ray.get([server.logprobs.remote(list(prompts), list(responses), list(temperatures))
+                        for server in self.servers])
 
     def close(self) -> None:
         """Stop the group's server actors, freeing their names for a later group of the same name."""

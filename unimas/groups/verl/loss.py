@@ -1,0 +1,27 @@
+"""The loss verl's engine calls for a unimas group: the shared composition, fed with unimas's advantages.
+
+Its own module because both trainers (:mod:`.workers`) hand it to verl, the
+worker-group one by pickling it to every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from unimas import algorithms
+
+
+def unimas_loss(policy_loss: Any, algorithm: Any, model_output: Any, data: Any, dp_group: Any = None):
+    """verl loss-function signature around unimas's shared loss composition (one micro-batch = one mini-batch)."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    log_prob = no_padding_2_padding(model_output["log_probs"], data)
+    entropy = model_output.get("entropy", None)
+    entropy = torch.zeros_like(log_prob) if entropy is None else no_padding_2_padding(entropy, data)
+    keys = ["response_mask", "old_log_probs", "advantages"] + (["ref_log_prob"] if "ref_log_prob" in data else [])
+    fields = data.select(*keys).to_padded_tensor()
+    return algorithms.compose_loss(policy_loss, algorithm, log_prob=log_prob, old_log_prob=fields["old_log_probs"],
+                                   advantages=fields["advantages"], response_mask=fields["response_mask"].float(),
+                                   entropy=entropy, ref_log_prob=fields.get("ref_log_prob", None))

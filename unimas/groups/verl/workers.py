@@ -1,0 +1,179 @@
+"""Where a verl group's engine runs: in the group's process (one rank) or as verl's Ray worker group (N ranks).
+
+Both trainers take the group's padded rows (:class:`.batch.Rows`) and give
+back per-row tensors in the same order, so :class:`.group.VerlModelGroup`
+does not know which one it drives:
+
+* :class:`InProcessTrainer` (``options.workers: in_process``) builds verl's
+  ``TrainingWorker`` for the actor and, with a KL term, a forward-only one
+  for the reference, on the process's one-rank group (:mod:`.platform`).
+* :class:`RayTrainer` (``options.workers: ray``) hosts the group as verl's
+  own trainer hosts its actor: a ``RayWorkerGroup`` of
+  ``ActorRolloutRefWorker`` ranks (role ``actor_rollout`` or
+  ``actor_rollout_ref``) on a ``RayResourcePool`` of ``options.world_size``
+  bundles (GPUs, or gloo processes on CPU), configured by
+  :mod:`.worker_config`. The ranks split every batch (data parallel); rows
+  are dealt round-robin first, so padding rows never pile up on one rank.
+  The rollout is then verl's hybrid one, a server replica per rank, synced
+  by the ranks themselves (:mod:`.servers`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Optional
+
+import torch
+
+from unimas.groups.base import GroupSpec
+from unimas.groups.verl import batch as rows_of
+from unimas.groups.verl import lora, platform
+from unimas.groups.verl.loss import unimas_loss
+
+WORKER_SETUP = "unimas.groups.verl.worker_setup"
+"""What every rank imports with verl (``VERL_USE_EXTERNAL_MODULES``): CPU platform and rollout registrations."""
+
+
+def _metrics(output: Any) -> dict[str, float]:
+    from verl.utils import tensordict_utils as tu
+
+    return rows_of.mean_metrics(tu.get(output, "metrics"))
+
+
+def _has_log_probs(output: Any) -> bool:
+    from verl.utils import tensordict_utils as tu
+
+    return output is not None and tu.get(output, "log_probs") is not None
+
+
+class InProcessTrainer:
+    """verl's ``TrainingWorker`` (actor, and reference with a KL term) in this process."""
+
+    ranks = 1
+
+    def __init__(self, spec: GroupSpec, configs: Any):
+        from verl.workers.engine_workers import TrainingWorker
+
+        self.actor = self.reference = None
+        with platform.rendezvous_environment():
+            if spec.config.trainable:
+                with lora.seeded_init(configs.actor.model_config, spec.seed):
+                    self.actor = TrainingWorker(configs.actor)
+                    self.actor.reset()
+                self.actor.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
+            if configs.reference is not None:
+                self.reference = TrainingWorker(configs.reference)
+                self.reference.reset()
+
+    def log_probs(self, rows: rows_of.Rows, reference: bool = False, **meta: Any) -> Optional[torch.Tensor]:
+        """Per-token log-probs of every row's response (rows x response width), or None without outputs."""
+        data = rows_of.engine_input(rows, calculate_entropy=False, compute_loss=False, **meta)
+        output = (self.reference if reference else self.actor).infer_batch(data)
+        return rows_of.to_rows(output, "log_probs", data) if _has_log_probs(output) else None
+
+    def train(self, rows: rows_of.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
+        """verl's PPO mini-batch loop over the rows; its metrics averaged over mini-batches."""
+        return _metrics(self.actor.train_mini_batch(rows_of.engine_input(rows, extra, **meta)))
+
+    def learning_rate(self) -> float:
+        return float(self.actor.engine.optimizer.param_groups[0]["lr"])
+
+    def save(self, path: str, version: int) -> None:
+        self.actor.save_checkpoint(path, None, version, None)
+
+    def load(self, path: str) -> None:
+        self.actor.load_checkpoint(path, None, False)
+
+
+def _worker_class() -> type:
+    """verl's hybrid worker plus the one reading unimas needs from rank 0 (the optimiser's rate)."""
+    from verl.single_controller.base.decorator import Dispatch, register
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    class UnimasActorRolloutRefWorker(ActorRolloutRefWorker):
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def learning_rate(self) -> float:
+            return float(self.actor.engine.optimizer.param_groups[0]["lr"])
+
+    return UnimasActorRolloutRefWorker
+
+
+_shared_gpus: dict[int, Any] = {}
+"""One pool per GPU share (0.5 -> 2 groups per GPU): the groups sharing a GPU are placed on the same bundle."""
+
+
+def _resource_pool(gpus: float, ranks: int, prefix: str) -> tuple[Any, bool]:
+    """The group's ``RayResourcePool`` and whether other groups share it.
+
+    A whole-GPU (or CPU) group gets a pool of its own, one bundle per rank.
+    Groups with a fraction of one GPU colocate on one pool, each rank asking
+    for that fraction, the way verl colocates worker groups on its pools.
+    """
+    from verl.single_controller.ray import RayResourcePool
+
+    if 0 < gpus < 1 and platform.on_gpu():
+        sharers = round(1 / gpus)
+        if sharers not in _shared_gpus:
+            _shared_gpus[sharers] = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=sharers,
+                                                    name_prefix=f"unimas_gpu_share_{sharers}_")
+        return _shared_gpus[sharers], True
+    return RayResourcePool(process_on_nodes=[ranks], use_gpu=platform.on_gpu(), max_colocate_count=1,
+                           name_prefix=prefix), False
+
+
+class RayTrainer:
+    """The group's ranks: verl's ``RayWorkerGroup`` of ``ActorRolloutRefWorker``, data parallel over ``world_size``."""
+
+    def __init__(self, spec: GroupSpec, root: Any, role: str):
+        import ray
+        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
+
+        from unimas.groups.verl.servers import ensure_ray
+
+        self.ranks = int(spec.options.world_size)
+        self.has_reference = role == "actor_rollout_ref"
+        ensure_ray()
+        prefix = f"unimas_{spec.name}_"
+        device = "cuda" if platform.on_gpu() else "cpu"
+        pool, self.shares_pool = _resource_pool(spec.config.resources.gpus, self.ranks, prefix)
+        worker = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=root.actor_rollout_ref, role=role)
+        self.workers = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker, name_prefix=prefix,
+                                      device_name=device, worker_env={"VERL_USE_EXTERNAL_MODULES": WORKER_SETUP})
+        self.pool = pool
+        self.workers.init_model()
+        self.workers.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
+
+    def _deal(self, rows: rows_of.Rows, extra: Optional[dict[str, torch.Tensor]] = None):
+        """Rows (and extra per-row tensors) reordered round-robin over ranks, and the order that undoes it."""
+        order = torch.tensor([row for rank in range(self.ranks) for row in range(rank, rows.size, self.ranks)])
+        dealt = rows_of.Rows({key: value[order] for key, value in rows.tensors.items()}, rows.real, rows.prompt_width)
+        return dealt, {key: value[order] for key, value in (extra or {}).items()}, torch.argsort(order)
+
+    def log_probs(self, rows: rows_of.Rows, reference: bool = False, **meta: Any) -> Optional[torch.Tensor]:
+        dealt, _, undo = self._deal(rows)
+        data = rows_of.engine_input(dealt, calculate_entropy=False, compute_loss=False, **meta)
+        output = (self.workers.compute_ref_log_prob if reference else self.workers.compute_log_prob)(data)
+        return rows_of.to_rows(output, "log_probs", data)[undo] if _has_log_probs(output) else None
+
+    def train(self, rows: rows_of.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
+        dealt, extra, _ = self._deal(rows, extra)
+        return _metrics(self.workers.update_actor(rows_of.engine_input(dealt, extra, **meta)))
+
+    def learning_rate(self) -> float:
+        return self.workers.learning_rate()[0]
+
+    def save(self, path: str, version: int) -> None:
+        self.workers.save_checkpoint(path, None, version, None)
+
+    def load(self, path: str) -> None:
+        self.workers.load_checkpoint(path, None, False)
+
+    def close(self) -> None:
+        """Stop the ranks (their names and placement group are then free for a later group of the same name)."""
+        import ray
+
+        if ray.is_initialized():
+            for handle in self.workers.workers:
+                ray.kill(handle)
+            for group in [] if self.shares_pool else self.pool.pgs or []:
+                ray.util.remove_placement_group(group)
