@@ -71,8 +71,8 @@ def test_a_resumed_run_plays_the_same_opponents(chat_model, tmp_path):
 
 
 def test_bad_snapshot_settings_name_their_fields(chat_model, capsys):
-    bad = ["models.opponent.trainable=true", "roles.debater_b.trainable=true", "models.opponent.snapshot.of=judge_model",
-           "models.opponent.options.dtype=bfloat16"]
+    bad = ["models.opponent.trainable=true", "roles.debater_b.trainable=true",
+           "models.opponent.snapshot.of=judge_model", "models.opponent.options.dtype=bfloat16"]
     assert main(["validate", CONFIG, *_args(chat_model, *bad)]) == 2
     err = capsys.readouterr().err
     for field in ("models.opponent.trainable", "models.opponent.snapshot.of", "models.opponent.options"):

@@ -98,3 +98,16 @@ def test_validation_names_init_from(tmp_path):
     assert "models.speaker_model.options.init_from" in message and "neither a unimas checkpoint" in message
     both = dict(check_config(config_from_dict(experiment(verl(tiny=TINY, init_from=str(tmp_path)))), registry))
     assert "exactly one of" in " ".join(both.values())
+
+
+def test_a_lora_groups_export_is_refused_not_loaded_as_a_random_model(tmp_path):
+    """verl exports a LoRA group's weights under peft names; loading them as a plain model would silently start
+    from random weights, so validation says what the checkpoint is."""
+    lora_group = {"backend": "verl", "options": {"tiny": TINY}, "optim": {"lr": 0.01},
+                  "lora": {"r": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}}
+    tree = experiment(lora_group)
+    for role in ("speaker", "listener"):
+        tree["roles"][role]["adapter"] = role
+    build(tree).save(tmp_path / "speaker_model")
+    found = dict(check_config(config_from_dict(experiment(verl(init_from=str(tmp_path)))), build_registry()))
+    assert "peft names" in found["models.speaker_model.options"]

@@ -52,8 +52,9 @@ from unimas.errors import UserError
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import chat, sampling
 from unimas.groups.torch import source as source_of
+from unimas.groups.torch.group import _check_target_modules as check_target_modules
 from unimas.groups.verl import batch as rows_of
-from unimas.groups.verl import platform, prompts
+from unimas.groups.verl import lora, platform, prompts
 from unimas.groups.verl.options import VerlOptions, translate
 from unimas.groups.verl.plan import group_problems
 from unimas.groups.verl.workers import InProcessTrainer
@@ -143,6 +144,8 @@ class VerlModelGroup(ModelGroup):
             raise UserError(f"{options.init_from} holds verl group checkpoints, none of them named '{spec.name}'",
                             where=f"models.{spec.name}.options.init_from")
         model, tokenizer, _ = source_of.load_model(source, spec.name, spec.seed)
+        if lora.adapter_in_use(spec.config, spec.adapters):
+            check_target_modules(model, spec.config.lora, spec.name)  # a UserError naming the field, not peft's
         eos = model.generation_config.eos_token_id
         eos_ids = sorted({tokenizer.eos_token_id, *([eos] if isinstance(eos, int) else list(eos or []))} - {None})
         config = model.config
@@ -177,7 +180,8 @@ class VerlModelGroup(ModelGroup):
             with self._rollout_lock:
                 self.rollout.sync(self.weight_version)  # verl's checkpoint-engine manager (servers.py)
             return
-        weights, _ = self.actor.engine.get_per_tensor_param()
+        weights = (lora.peft_weights(self.actor.engine) if self.configs.actor.model_config.lora_rank
+                   else self.actor.engine.get_per_tensor_param()[0])
         with self._rollout_lock:
             run_sync(self.rollout.update_weights(weights, global_steps=self.weight_version))
 
@@ -237,8 +241,8 @@ class VerlModelGroup(ModelGroup):
         """Sample every request through the rollout; requests sharing settings run as one batch."""
         buckets: dict[tuple, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
-            if request.adapter is not None:
-                raise ValueError(f"model group '{self.name}' (verl) has no LoRA adapters")
+            if request.adapter not in (None, *self.spec.adapters):  # the rollout holds the group's one adapter
+                raise ValueError(f"model group '{self.name}' (verl) has no LoRA adapter '{request.adapter}'")
             gen = request.generation
             greedy = request.greedy or gen.temperature == 0
             buckets[(gen.max_new_tokens, greedy, () if greedy else (gen.temperature, gen.top_k, gen.top_p))].append(i)

@@ -17,10 +17,10 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from unimas.config import OptimConfig
+from unimas.config import LoraConfig, OptimConfig
 from unimas.groups.base import GroupSpec
 from unimas.groups.torch.options import TinyModelConfig, TorchOptions
-from unimas.groups.verl import names
+from unimas.groups.verl import lora, names
 
 ROLLOUT_NAMES = {"hf": "unimas_hf", "vllm": "vllm"}
 """unimas rollout name -> the key verl's rollout registries know it by."""
@@ -129,11 +129,33 @@ VERL_HF_DIR = Path("verl_actor") / "huggingface"
 
 
 def verl_checkpoints(root: Path) -> dict[str, Path]:
-    """The Hugging Face dirs of the verl group checkpoints at ``root`` by group name ("" for a group dir itself)."""
+    """The Hugging Face dirs of the verl group checkpoints at ``root`` by group name ("" for a group dir itself).
+
+    A LoRA group's export holds peft-named tensors, which would load as a
+    randomly initialised model: such a checkpoint is refused, not read.
+    """
     if (root / VERL_HF_DIR / "config.json").is_file():
-        return {"": root / VERL_HF_DIR}
-    children = sorted(root.iterdir()) if root.is_dir() else []
-    return {child.name: child / VERL_HF_DIR for child in children if (child / VERL_HF_DIR / "config.json").is_file()}
+        found = {"": root / VERL_HF_DIR}
+    else:
+        children = sorted(root.iterdir()) if root.is_dir() else []
+        found = {child.name: child / VERL_HF_DIR for child in children
+                 if (child / VERL_HF_DIR / "config.json").is_file()}
+    for name, model in found.items():
+        if _peft_named(model):
+            raise ValueError(f"{model} holds a LoRA group's adapter and base under peft names, not a plain model; "
+                             "start from a full-weight group's checkpoint")
+    return found
+
+
+def _peft_named(model_dir: Path) -> bool:
+    """Whether the weights in ``model_dir`` carry peft's names (``base_model.model.`` prefix, ``lora_`` tensors)."""
+    from safetensors import safe_open
+
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as weights:
+            if any(key.startswith("base_model.model.") or ".lora_" in key for key in weights.keys()):
+                return True
+    return False
 
 
 def _apply(target: Any, fields: dict[str, Any]) -> Any:
@@ -148,13 +170,15 @@ MODEL_FIELDS = ("path", "use_remove_padding", "override_config", "enable_gradien
 """The ``HFModelConfig`` fields :func:`model_config` sets (the rest are verl's defaults or derived from the weights)."""
 
 
-def model_config(options: VerlOptions, model_dir: str):
-    """verl's view of the weights: an HF dir, sdpa attention (no flash-attn on CPU), no gradient checkpointing."""
+def model_config(options: VerlOptions, model_dir: str, adapter: Optional[LoraConfig] = None):
+    """verl's view of the weights: an HF dir, sdpa attention (no flash-attn on CPU), no gradient checkpointing;
+    with ``adapter``, verl's one LoRA adapter (:mod:`.lora`)."""
     from verl.workers.config import HFModelConfig
 
     return _apply(HFModelConfig(path=model_dir, use_remove_padding=options.remove_padding,
                                 override_config={"attn_implementation": "sdpa"},
-                                enable_gradient_checkpointing=False), options.overrides.model)
+                                enable_gradient_checkpointing=False, **lora.model_fields(adapter)),
+                  options.overrides.model)
 
 
 def engine_config(options: VerlOptions, seed: int, forward_only: bool = False):
@@ -218,14 +242,15 @@ def translate(spec: GroupSpec, model_dir: str) -> VerlConfigs:
     checkpoints = CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"],
                                    load_contents=["model", "optimizer", "extra"])
 
-    def worker(forward_only: bool):
+    def worker(forward_only: bool, adapter: Optional[LoraConfig] = None):
         return TrainingWorkerConfig(
-            model_type="language_model", model_config=model_config(options, model_dir),
+            model_type="language_model", model_config=model_config(options, model_dir, adapter),
             engine_config=engine_config(options, spec.seed, forward_only),
             optimizer_config=None if forward_only else optimizer_config(spec.config.optim, options,
                                                                        spec.total_updates),
             checkpoint_config=checkpoints)
 
     reference = worker(True) if spec.config.trainable and spec.algorithm.kl_coef > 0 else None
-    return VerlConfigs(actor=worker(not spec.config.trainable), reference=reference,
+    adapter = lora.adapter_in_use(spec.config, spec.adapters)  # the reference stays the bare base
+    return VerlConfigs(actor=worker(not spec.config.trainable, adapter), reference=reference,
                        rollout=rollout_config(spec, options))

@@ -14,6 +14,7 @@ import math
 from pydantic import ValidationError
 
 from unimas.config import ExperimentConfig, ModelGroupConfig
+from unimas.groups.verl import lora
 from unimas.groups.verl.options import VerlOptions
 
 BACKEND = "verl"
@@ -66,13 +67,7 @@ def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, ada
         problems.append((f"{where}.options.tensor_parallel_size", f"tensor-parallel size "
                          f"{options.tensor_parallel_size} needs that many whole GPUs; the group has {gpus:g}"))
     problems += _worker_problems(where, group, options)
-    if len(adapters) > 1:
-        problems.append((f"{where}.lora", f"roles give model group '{name}' {len(adapters)} LoRA adapters "
-                         f"({', '.join(adapters)}); verl trains at most one per model, so split the roles over "
-                         "several verl groups or use backend: torch"))
-    elif adapters:
-        problems.append(("roles.*.adapter", f"LoRA adapters on model group '{name}' are not supported by the "
-                         "verl backend yet; train the full model (drop the role's adapter) or use backend: torch"))
+    problems += lora.group_problems(name, group, adapters, options)
     if group.optim.schedule == "linear":
         problems.append((f"{where}.optim.schedule", "verl has constant and cosine schedules only"))
     if options.rollout_server and (options.rollout != "hf" or not group.trainable) and options.workers != "ray":
@@ -119,6 +114,7 @@ def config_problems(config: ExperimentConfig) -> list[tuple[str, str]]:
     for name, options in groups.items():
         group = config.models[name]
         problems += group_problems(name, group, options, _adapters(config, name), gpu_present=True)
+        problems += lora.role_problems(config, name)
     shared = {name: options for name, options in groups.items()
               if 0 < config.models[name].resources.gpus < 1 and options.rollout == "vllm"}
     total = sum(options.gpu_memory_utilization for options in shared.values())

@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM
 from unimas.config import GenerationConfig
 from unimas.groups.torch import sampling
 from unimas.groups.torch.layout import layout_batch
+from unimas.groups.verl import lora
 
 REGISTRY_KEY = ("unimas_hf", "async")
 T = TypeVar("T")
@@ -73,9 +74,9 @@ class HFRollout(_base_class()):
         super().__init__(config=config, model_config=model_config, device_mesh=device_mesh)
         dtype = torch.bfloat16 if self.config.dtype == "bfloat16" else torch.float32
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_config.local_path, dtype=dtype, attn_implementation="sdpa",
-            local_files_only=True).to(self.device).eval().requires_grad_(False)
+        model = AutoModelForCausalLM.from_pretrained(self.model_config.local_path, dtype=dtype,
+                                                     attn_implementation="sdpa", local_files_only=True)
+        self.model = lora.wrap_rollout_model(model, self.model_config).to(self.device).eval().requires_grad_(False)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(self.config.seed))
         self.weight_version: Optional[int] = None

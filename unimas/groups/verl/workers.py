@@ -27,7 +27,7 @@ import torch
 
 from unimas.groups.base import GroupSpec
 from unimas.groups.verl import batch as rows_of
-from unimas.groups.verl import platform
+from unimas.groups.verl import lora, platform
 from unimas.groups.verl.loss import unimas_loss
 
 WORKER_SETUP = "unimas.groups.verl.worker_setup"
@@ -57,8 +57,9 @@ class InProcessTrainer:
         self.actor = self.reference = None
         with platform.rendezvous_environment():
             if spec.config.trainable:
-                self.actor = TrainingWorker(configs.actor)
-                self.actor.reset()
+                with lora.seeded_init(configs.actor.model_config, spec.seed):
+                    self.actor = TrainingWorker(configs.actor)
+                    self.actor.reset()
                 self.actor.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
             if configs.reference is not None:
                 self.reference = TrainingWorker(configs.reference)
