@@ -169,3 +169,40 @@ def test_a_rollout_that_cannot_score_is_checked_on_tokens_it_samples(groups):
         assert ranked.last_sync_diff is not None and ranked.last_sync_diff < 1e-5
     finally:
         ranked.rollout.can_score = True
+
+
+def test_the_transport_runs_a_worker_groups_calls_beside_other_work(groups):
+    """Its ranks do the work, so its update must not hold the event loop: another group's update overlaps it."""
+    import asyncio
+    import time
+
+    from unimas.groups.local import LocalTransport
+
+    ranked, single = groups
+    spans: dict[str, list[float]] = {}
+
+    def timed(name, group):
+        update = group.update
+
+        def wrapper(turns):
+            start = time.perf_counter()
+            try:
+                return update(turns)
+            finally:
+                spans[name] = [start, time.perf_counter()]
+        return wrapper
+
+    transport = LocalTransport({"ranked": ranked, "single": single}, config_from_dict(experiment()),
+                               build_registry())
+    assert set(transport._own_threads) == {"ranked"}
+    ranked.update, single.update = timed("ranked", ranked), timed("single", single)
+    try:
+        async def both():
+            return await asyncio.gather(transport.update("ranked", TURNS), transport.update("single", TURNS))
+
+        asyncio.run(both())
+    finally:
+        del ranked.update, single.update
+        for executor in transport._own_threads.values():
+            executor.shutdown(wait=True)
+    assert spans["single"][0] < spans["ranked"][1]  # inline, the single group would start after the ranked one

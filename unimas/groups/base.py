@@ -138,6 +138,9 @@ class ModelGroup(ABC):
 
     name: str
     trainable: bool
+    waits_on_workers: bool = False
+    """True when the group's calls mostly wait on other processes (e.g. Ray ranks): the in-process transport
+    then runs them on a thread of the group's own, so other groups' calls and the controller go on meanwhile."""
 
     @abstractmethod
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:

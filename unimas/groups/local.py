@@ -6,6 +6,10 @@ on the event loop meanwhile (torch releases the GIL in its kernels; each group's
 consistent). Generation stays inline and the groups' updates share the one thread: measured on 2 shared
 cores, more threads (one per generate call, or per group update) cost more in GIL hand-offs than they
 overlapped.
+
+A group whose work runs in other processes (``ModelGroup.waits_on_workers``, e.g. a verl group on its own Ray
+ranks) only waits in this one, so every call of it runs on a thread of its own (one per group, keeping its
+calls in order): two such groups generate and update at the same time, and the event loop goes on meanwhile.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class LocalTransport:
         self.registry = registry
         threaded = any(config.algorithm_for(g).max_staleness > 0 for g in config.models)
         self._updater = ThreadPoolExecutor(1, thread_name_prefix="unimas-update") if threaded else None
+        self._own_threads = {name: ThreadPoolExecutor(1, thread_name_prefix=f"unimas-{name}")
+                             for name, group in groups.items() if group.waits_on_workers}
 
     @classmethod
     def start(cls, config: ExperimentConfig, registry: Registry) -> "LocalTransport":
@@ -49,22 +55,29 @@ class LocalTransport:
         except Exception as exc:  # noqa: BLE001 - any failure inside a group is that group's failure
             raise ModelGroupError(group, phase, exc) from exc
 
+    async def _run(self, group: str, phase: str, *args):
+        """The call on the group's own thread (a group waiting on workers elsewhere), else inline."""
+        if group in self._own_threads:
+            return await asyncio.get_running_loop().run_in_executor(self._own_threads[group], self._call, group,
+                                                                    phase, *args)
+        return self._call(group, phase, *args)
+
     async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
-        return self._call(group, "generate", requests)
+        return await self._run(group, "generate", requests)
 
     async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
-        if self._updater is not None:
+        if self._updater is not None and group not in self._own_threads:
             return await asyncio.get_running_loop().run_in_executor(self._updater, self._call, group, "update", turns)
-        return self._call(group, "update", turns)
+        return await self._run(group, "update", turns)
 
     async def score(self, group: str, turns: list[TrainTurn]) -> list[float]:
-        return self._call(group, "score", turns)
+        return await self._run(group, "score", turns)
 
     async def save(self, group: str, directory: Path) -> None:
-        self._call(group, "save", directory)
+        await self._run(group, "save", directory)
 
     async def load(self, group: str, directory: Path) -> None:
-        self._call(group, "load", directory)
+        await self._run(group, "load", directory)
 
     async def restart(self, group: str, checkpoint: Path | None) -> None:
         """Rebuild a group from config, then load ``checkpoint`` (initial weights when None)."""
@@ -79,8 +92,9 @@ class LocalTransport:
             await self.load(group, checkpoint)
 
     def shutdown(self) -> None:
-        if self._updater is not None:
-            self._updater.shutdown(wait=True)
+        for executor in [self._updater, *self._own_threads.values()]:
+            if executor is not None:
+                executor.shutdown(wait=True)
         for group in self.groups.values():
             group.close()
         self.groups.clear()

@@ -85,6 +85,7 @@ class VerlModelGroup(ModelGroup):
         self.configs = translate(spec, model_dir)
         self._closers: list[weakref.finalize] = []
         self.served = spec.options.serves_hf or spec.options.rollout == "vllm"
+        self.waits_on_workers = spec.options.workers == "ray"  # its engine and rollout live in Ray actors
         if spec.options.workers == "ray":
             from unimas.groups.verl import worker_config
             from unimas.groups.verl.servers import ServerRollout
