@@ -106,3 +106,10 @@ def test_credit_smoke():
         assert number(row[7]) >= 64  # each run sampled at least its token budget
         assert 0 <= number(row[2].split("±")[0]) <= 1
     assert all(row[4] != "—" for row in rows if row[0] == "arith")  # verifier fix rate reported for the team
+
+
+def test_verl_workers_smoke():
+    out = run_benchmark("verl_workers.py")
+    rows = table_rows(out, "variant")
+    assert [row[0] for row in rows] == ["one after the other", "together"]
+    assert all(number(row[1]) > 0 for row in rows) and "together / sequential:" in out
