@@ -181,10 +181,6 @@ def test_validation_accepts_one_shared_adapter_and_refuses_what_the_rollout_cann
         (lambda t: t["models"]["team"]["lora"].update(dropout=0.1), "models.team.lora.dropout", "without dropout"),
         (frozen_role_without_adapter, "roles.listener.adapter", "cannot also generate with the bare base"),
         (frozen_group, "models.team.lora", "frozen"),
-        (lambda t: t["models"]["team"]["options"].update(rollout_server=True), "models.team.options.rollout_server",
-         "bfloat16"),
-        (lambda t: t["models"]["team"]["options"].update(workers="ray"), "models.team.options.workers",
-         "workers: in_process"),
     ]
     for change, where, message in cases:
         found = problems_of(change)

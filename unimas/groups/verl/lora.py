@@ -76,9 +76,8 @@ def peft_weights(engine: Any) -> Iterator[tuple[str, "torch.Tensor"]]:
         yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def group_problems(name: str, group: ModelGroupConfig, adapters: list[str], options: Any) -> list[tuple[str, str]]:
-    """(config field, problem) for the group's LoRA settings and ``options`` (the group's ``VerlOptions``);
-    roles: :func:`role_problems`."""
+def group_problems(name: str, group: ModelGroupConfig, adapters: list[str]) -> list[tuple[str, str]]:
+    """(config field, problem) for the group's LoRA settings; roles: :func:`role_problems`."""
     where = f"models.{name}.lora"
     lora = group.lora
     if len(adapters) > 1:
@@ -94,14 +93,6 @@ def group_problems(name: str, group: ModelGroupConfig, adapters: list[str], opti
     if lora.train_base:
         problems.append((f"{where}.train_base", "verl's engine trains the adapter only (base frozen); set "
                          "train_base: false, drop lora to train the full model, or use backend: torch"))
-    if options.workers == "ray":
-        problems.append((f"models.{name}.options.workers", "a worker group's ranks sync through verl's export, "
-                         "which sends a LoRA group's weights merged and in bfloat16 (outside the sync tolerance), "
-                         "and seed no adapter init; use workers: in_process for a LoRA group"))
-    elif options.rollout_server:
-        problems.append((f"models.{name}.options.rollout_server", "server mode syncs through verl's export, which "
-                         "sends a LoRA group's weights merged and in bfloat16, outside the sync tolerance; drop "
-                         "rollout_server for this group"))
     if lora.dropout > 0:
         problems.append((f"{where}.dropout", "verl's engine builds its adapter without dropout; set dropout: 0 "
                          "or use backend: torch"))

@@ -67,7 +67,7 @@ def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, ada
         problems.append((f"{where}.options.tensor_parallel_size", f"tensor-parallel size "
                          f"{options.tensor_parallel_size} needs that many whole GPUs; the group has {gpus:g}"))
     problems += _worker_problems(where, group, options)
-    problems += lora.group_problems(name, group, adapters, options)
+    problems += lora.group_problems(name, group, adapters)
     if group.optim.schedule == "linear":
         problems.append((f"{where}.optim.schedule", "verl has constant and cosine schedules only"))
     if options.rollout_server and (options.rollout != "hf" or not group.trainable) and options.workers != "ray":

@@ -34,7 +34,7 @@ import torch
 
 from unimas.config import GenerationConfig
 from unimas.errors import UserError
-from unimas.groups.verl import names
+from unimas.groups.verl import lora, names
 from unimas.groups.verl.options import SERVER_ROLLOUT
 from unimas.groups.verl.rollout import HFRollout, _base_class, run_sync
 
@@ -172,10 +172,15 @@ class InProcessActorGroup:
         self.workers: list[Any] = []
 
     def update_weights(self, global_steps: Optional[int] = None, mode: str = "naive") -> "ray.ObjectRef":
-        """Export the engine's HF-named tensors and hand them to the adapter (verl's naive sync, one rank)."""
+        """Export the engine's HF-named tensors and hand them to the adapter (verl's naive sync, one rank).
+
+        A LoRA group sends base and adapter under their peft names (:func:`.lora.peft_weights`), which the
+        server's rollout holds too, instead of verl's export (merged, in bfloat16).
+        """
         if mode != "naive":
             raise ValueError(f"an in-process verl trainer syncs with the naive checkpoint engine, not {mode!r}")
-        weights, _ = self.actor.engine.get_per_tensor_param()
+        engine = self.actor.engine
+        weights = lora.peft_weights(engine) if engine.model_config.lora_rank else engine.get_per_tensor_param()[0]
         run_sync(self.adapter.update_weights(weights, global_steps=global_steps))
         return ray.put(global_steps)
 

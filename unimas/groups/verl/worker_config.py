@@ -17,6 +17,7 @@ import os
 from typing import Any
 
 from unimas.groups.base import GroupSpec
+from unimas.groups.verl import lora
 from unimas.groups.verl.options import MODEL_FIELDS, VerlOptions, translate
 
 INFER_MICRO_BATCH = 64
@@ -61,7 +62,8 @@ def compose(spec: GroupSpec, model_dir: str) -> Any:
     GlobalHydra.instance().clear()
     tree = root.actor_rollout_ref
     budget, dynamic = options.max_token_len_per_gpu, options.dynamic_batch_size
-    _fill(tree.model, configs.actor.model_config, MODEL_FIELDS + tuple(options.overrides.model))
+    adapter = lora.model_fields(lora.adapter_in_use(spec.config, spec.adapters))
+    _fill(tree.model, configs.actor.model_config, MODEL_FIELDS + tuple(adapter) + tuple(options.overrides.model))
     _fill(tree.actor.fsdp_config, configs.actor.engine_config)
     if configs.actor.optimizer_config is not None:
         _fill(tree.actor.optim, configs.actor.optimizer_config)

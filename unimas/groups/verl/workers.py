@@ -29,6 +29,7 @@ from unimas.groups.base import GroupSpec
 from unimas.groups.verl import batch as rows_of
 from unimas.groups.verl import lora, platform
 from unimas.groups.verl.loss import unimas_loss
+from unimas.groups.verl.options import SERVER_ROLLOUT
 
 WORKER_SETUP = "unimas.groups.verl.worker_setup"
 """What every rank imports with verl (``VERL_USE_EXTERNAL_MODULES``): CPU platform and rollout registrations."""
@@ -86,7 +87,13 @@ class InProcessTrainer:
 
 
 def _worker_class() -> type:
-    """verl's hybrid worker plus the one reading unimas needs from rank 0 (the optimiser's rate)."""
+    """verl's hybrid worker, plus what unimas needs of it.
+
+    The optimiser's rate for the metrics; a LoRA adapter's init seeded with the
+    group's seed (verl leaves it to the global RNG); and, for a LoRA group
+    served by unimas's ``hf`` servers, base and adapter sent under their peft
+    names, as the in-process group does (verl's export merges them in bfloat16).
+    """
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
@@ -94,6 +101,18 @@ def _worker_class() -> type:
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def learning_rate(self) -> float:
             return float(self.actor.engine.optimizer.param_groups[0]["lr"])
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def init_model(self):
+            with lora.seeded_init(self.config.model, int(self.config.actor.fsdp_config.seed)):
+                return super().init_model()
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+        async def update_weights(self, global_steps: Optional[int] = None, mode: str = "auto"):
+            if not (self.config.model.lora_rank and self.config.rollout.name == SERVER_ROLLOUT):
+                return await super().update_weights(global_steps=global_steps, mode=mode)
+            await self.rollout.update_weights(lora.peft_weights(self.actor.engine), global_steps=global_steps)
+            return {}
 
     return UnimasActorRolloutRefWorker
 
