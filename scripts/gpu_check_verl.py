@@ -234,10 +234,15 @@ def main() -> int:
     keys = ("logprob_vs_hf_ok", "export_matches_hf_state_dict", "update_direction_ok", "other_group_unchanged",
             "load_ok")
     report["ok"] = all(group[key] for group in report["groups"].values() for key in keys)
+    return emit(report, args.out)
+
+
+def emit(report: dict, out: Path | None) -> int:
+    """Print the report as JSON (and write it to ``out``); the exit code says whether every check passed."""
     text = json.dumps(report, indent=2)
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    if out:
+        out.write_text(text)
     return 0 if report["ok"] else 1
 
 

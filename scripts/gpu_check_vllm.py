@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from gpu_check_verl import build_model_dir, fixed_turns, max_abs  # noqa: E402
+from gpu_check_verl import build_model_dir, emit, fixed_turns, max_abs  # noqa: E402
 
 from unimas import algorithms  # noqa: E402
 from unimas.config import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig  # noqa: E402
@@ -117,11 +116,7 @@ def main() -> int:
     report["wall_s"] = time.perf_counter() - started
     keys = ("server_names_distinct", "sockets_distinct", "sleep_frees_memory", "other_group_tokens_unchanged")
     report["ok"] = all(report[key] for key in keys) and report["weight_version_after_update"] == 1
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0 if report["ok"] else 1
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":

@@ -39,3 +39,15 @@ def chat_model(tmp_path_factory) -> Path:
     from unimas.tiny_chat import chat_model_dir
 
     return chat_model_dir(tmp_path_factory.getbasetemp() / "models")
+
+
+def save_tiny_model(path: Path, spec: dict) -> str:
+    """A random-init tiny model (``spec``: TinyModelConfig fields) and its char tokenizer saved as an HF dir."""
+    from unimas.groups.torch.chars import build_char_tokenizer
+    from unimas.groups.torch.options import TinyModelConfig
+    from unimas.groups.torch.tiny import build_tiny_model
+
+    tokenizer = build_char_tokenizer(spec["alphabet"])
+    build_tiny_model(TinyModelConfig(**spec), tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -7,14 +7,11 @@ import copy
 
 import pytest
 
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, save_tiny_model
 from unimas.cli import main
 from unimas.config_file import config_from_dict
 from unimas.groups.build import group_spec
 from unimas.groups.placement import placement_plan
-from unimas.groups.torch.chars import build_char_tokenizer
-from unimas.groups.torch.options import TinyModelConfig
-from unimas.groups.torch.tiny import build_tiny_model
 from unimas.groups.verl.options import translate
 from unimas.registry import build_registry
 from unimas.validate import check_config
@@ -48,11 +45,7 @@ def registry():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """One tiny HF dir for verl's HFModelConfig to read (the group writes its own at build time)."""
-    path = tmp_path_factory.mktemp("verl_tiny")
-    tokenizer = build_char_tokenizer(TINY["alphabet"])
-    build_tiny_model(TinyModelConfig(**TINY), tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return save_tiny_model(tmp_path_factory.mktemp("verl_tiny"), TINY)
 
 
 def translated(tree: dict, registry, model_dir: str) -> dict:

@@ -23,8 +23,8 @@ VOLATILE = ("time/", "_time_s", "_per_s", "wall_s")
 CONFIG = str(EXAMPLES / "quickstart_verl.yaml")
 
 
-def args(run: Path, resume: bool = False) -> list[str]:
-    return ["train", CONFIG, "--run-dir", str(run), *(["--resume"] if resume else []),
+def args(run: Path, resume: bool = False, config: str = CONFIG) -> list[str]:
+    return ["train", config, "--run-dir", str(run), *(["--resume"] if resume else []),
             *sum((["--set", s] for s in SETTINGS), [])]
 
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 import pytest
 import ray
 
+from tests.conftest import save_tiny_model
 from unimas.config import GenerationConfig
 from unimas.config_file import config_from_dict
 from unimas.errors import UserError
 from unimas.groups.base import GenRequest, TrainTurn
 from unimas.groups.build import build_group, group_spec
-from unimas.groups.torch.chars import build_char_tokenizer
-from unimas.groups.torch.options import TinyModelConfig
-from unimas.groups.torch.tiny import build_tiny_model
 from unimas.registry import build_registry
 from unimas.validate import check_config
 
@@ -75,11 +73,7 @@ def test_validation_of_ranks_gpus_and_rollouts():
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny HF dir for verl's HFModelConfig to read."""
-    path = tmp_path_factory.mktemp("verl_workers_tiny")
-    tokenizer = build_char_tokenizer(TINY["alphabet"])
-    build_tiny_model(TinyModelConfig(**TINY), tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+    return save_tiny_model(tmp_path_factory.mktemp("verl_workers_tiny"), TINY)
 
 
 def test_the_worker_config_carries_the_translated_settings(model_dir):

@@ -16,22 +16,10 @@ import pytest
 import torch
 
 from tests.conftest import EXAMPLES
+from tests.test_verl_train import args, stable_metrics
 from unimas.cli import main
 
-SETTINGS = ["trainer.steps=4", "trainer.save_every=2", "trainer.tasks_per_step=8", "trainer.stop_at_accuracy=null",
-            "trainer.eval_every=2", "logging.report=false", "logging.console=false"]
-VOLATILE = ("time/", "_time_s", "_per_s", "wall_s")
 CONFIG = str(EXAMPLES / "quickstart_verl_ranks.yaml")
-
-
-def args(run: Path, resume: bool = False) -> list[str]:
-    return ["train", CONFIG, "--run-dir", str(run), *(["--resume"] if resume else []),
-            *sum((["--set", s] for s in SETTINGS), [])]
-
-
-def stable_metrics(run: Path) -> list[dict]:
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not any(part in k for part in VOLATILE)} for r in records]
 
 
 def shards(run: Path) -> list[dict[str, torch.Tensor]]:
@@ -44,7 +32,7 @@ def shards(run: Path) -> list[dict[str, torch.Tensor]]:
 @pytest.mark.slow  # two runs of a two-rank group: ~2 min on two cores
 def test_two_ranks_train_and_resume_to_the_uninterrupted_run(tmp_path):
     straight = tmp_path / "straight"
-    assert main(args(straight)) == 0
+    assert main(args(straight, config=CONFIG)) == 0
     expected = stable_metrics(straight)
     assert [r["step"] for r in expected] == list(range(5))
     assert json.loads((straight / "checkpoints" / "step_000004" / "shared" / "unimas_group.json").read_text())[
@@ -53,7 +41,7 @@ def test_two_ranks_train_and_resume_to_the_uninterrupted_run(tmp_path):
     cut = tmp_path / "cut"
     shutil.copytree(straight, cut)
     shutil.rmtree(cut / "checkpoints" / "step_000004")
-    assert main(args(cut, resume=True)) == 0
+    assert main(args(cut, resume=True, config=CONFIG)) == 0
     assert stable_metrics(cut) == expected
     for mine, theirs in zip(shards(cut), shards(straight)):
         assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)

@@ -208,11 +208,12 @@ class VerlModelGroup(ModelGroup):
         A rollout that cannot score given tokens (vLLM's servers) is checked on
         tokens it samples instead: its reported log-probs against the trainer's.
         """
-        if not getattr(self.rollout, "can_score", True):
+        scores = getattr(self.rollout, "can_score", True)
+        if not scores:
             turns = self._sampled_probe(turns[:SYNC_PROBE_TURNS])
         trainer = self.trainer_logprobs(turns)
         asked = ([t.prompt_ids for t in turns], [t.response_ids for t in turns], [t.temperature or 1.0 for t in turns])
-        if not getattr(self.rollout, "can_score", True):
+        if not scores:
             answers = [[list(t.rollout_logprobs) for t in turns]]
         elif hasattr(self.rollout, "logprobs_per_server"):
             answers = self.rollout.logprobs_per_server(*asked)

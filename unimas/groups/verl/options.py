@@ -120,8 +120,12 @@ class VerlOptions(BaseModel):
         found = verl_checkpoints(Path(self.init_from))
         if not found:
             return TorchOptions(init_from=self.init_from)
-        model = found.get("") or found.get(group or "") or (next(iter(found.values()))
-                                                             if group is None and len(found) == 1 else None)
+        if "" in found:  # init_from is the group's own checkpoint dir
+            model = found[""]
+        elif group is not None:
+            model = found.get(group)
+        else:  # no group named (validation helpers): only an unambiguous run checkpoint answers
+            model = next(iter(found.values())) if len(found) == 1 else None
         return None if model is None else TorchOptions(path=str(model))
 
 

@@ -35,16 +35,15 @@ def verl_groups(config: ExperimentConfig) -> dict[str, VerlOptions]:
     return {name: options for name, options in found.items() if options is not None}
 
 
-def ranks_on_ray(group: ModelGroupConfig) -> bool:
-    """The group's engine runs on its own Ray worker group (``options.workers: ray``), not in its process."""
-    options = _options(group) if group.backend == BACKEND else None
-    return options is not None and options.workers == "ray"
-
-
 def rank_cpus(group: ModelGroupConfig) -> int:
     """CPUs the group's Ray worker group reserves (one bundle per rank); 0 for an in-process engine."""
     options = _options(group) if group.backend == BACKEND else None
     return options.world_size if options is not None and options.workers == "ray" else 0
+
+
+def ranks_on_ray(group: ModelGroupConfig) -> bool:
+    """The group's engine runs on its own Ray worker group (``options.workers: ray``), not in its process."""
+    return rank_cpus(group) > 0
 
 
 def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, adapters: list[str],
