@@ -16,17 +16,16 @@ changed ``optim.lr`` trains with the new one.
 
 from __future__ import annotations
 
-import contextlib
-import pickle
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from unimas.errors import UserError
+from unimas.safe_load import load_safetensors, load_tensors, reading
 
 if TYPE_CHECKING:
     from unimas.groups.torch.group import TorchModelGroup
@@ -111,15 +110,17 @@ def load_group(group: "TorchModelGroup", directory: Path) -> None:
                      dtype=group.spec.options.torch_dtype)
     if (directory / OPTIMIZER_FILE).exists() and group.trainable:
         optimizer = group.optimizer_for_update()
+        state = load_tensors(directory / OPTIMIZER_FILE, group.device)
         with reading(directory / OPTIMIZER_FILE):
-            optimizer.load_state_dict(load_tensors(directory / OPTIMIZER_FILE, group.device))
+            optimizer.load_state_dict(state)
         if (directory / SCHEDULER_FILE).exists():
+            state = load_tensors(directory / SCHEDULER_FILE)
             with reading(directory / SCHEDULER_FILE):
-                group.scheduler.load_state_dict(load_tensors(directory / SCHEDULER_FILE, "cpu"))
+                group.scheduler.load_state_dict(state)
         apply_optim_config(group)
     if (directory / RNG_FILE).exists():  # absent in a weights-only snapshot: the group keeps its own stream
+        state = load_tensors(directory / RNG_FILE)
         with reading(directory / RNG_FILE):
-            state = load_tensors(directory / RNG_FILE, "cpu")
             group.generator.set_state(state["generator"])
             group.weight_version = int(state.get("weight_version", 0))  # absent: saved before versions counted
 
@@ -130,27 +131,6 @@ def keep_weights_only(directory: Path) -> None:
     for name in RESUME_ONLY_FILES:
         (directory / name).unlink(missing_ok=True)
     shutil.rmtree(directory / REFERENCE_DIR, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def reading(path: Path) -> Iterator[None]:
-    """Any failure while loading ``path`` becomes a :class:`UserError` naming the file."""
-    try:
-        yield
-    except UserError:
-        raise
-    except pickle.UnpicklingError:
-        raise UserError("refused: holds pickled objects, not plain tensors (unimas loads checkpoints with "
-                        "torch.load(weights_only=True) and never unpickles code)", where=str(path)) from None
-    except Exception as exc:  # noqa: BLE001 - whatever the damage, the message names the file
-        detail = (str(exc).strip().splitlines() or [""])[0]
-        raise UserError(f"cannot load this checkpoint file: {type(exc).__name__}: {detail}", where=str(path)) from None
-
-
-def load_tensors(path: Path, device: Any) -> Any:
-    if not path.is_file():
-        raise FileNotFoundError("missing from the checkpoint")
-    return torch.load(path, map_location=device, weights_only=True)
 
 
 def apply_optim_config(group: "TorchModelGroup") -> None:
@@ -170,7 +150,8 @@ def copy_weights(target: torch.nn.Module, model_dir: Path, clean_names: bool, dt
     whatever key conversions transformers does on save."""
     weights = model_dir / "model.safetensors"
     with reading(weights if weights.exists() else model_dir):
-        saved = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype)
+        saved = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype,
+                                                     use_safetensors=True)  # never a pickled .bin
     source = saved.state_dict()
     with torch.no_grad():
         for key, value in target.state_dict(keep_vars=True).items():
@@ -198,8 +179,8 @@ def load_adapters(group: "TorchModelGroup", directory: Path, missing_ok: bool) -
             if missing_ok:
                 continue
             raise FileNotFoundError(f"checkpoint {directory} has no adapter '{adapter}'")
+        weights = load_safetensors(path, device=str(group.device))
         with reading(path):
-            weights = load_file(path, device=str(group.device))
             result = set_peft_model_state_dict(group.model, weights, adapter_name=adapter)
         if result.unexpected_keys:
             raise UserError(f"adapter '{adapter}' has unknown weights: {result.unexpected_keys[:3]}", where=str(path))

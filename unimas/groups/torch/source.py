@@ -45,7 +45,8 @@ def load_model(options: TorchOptions, name: str,
         source = checkpoint.group_dir(Path(options.init_from), name) if options.init_from else None
         model_dir = source[1] if source else Path(options.path)
         tokenizer = load_tokenizer(options, model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=options.torch_dtype)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=options.torch_dtype,
+                                                     use_safetensors=True)  # never a pickled .bin
     except (OSError, ValueError, KeyError) as exc:  # missing weights or tokenizer, unknown model type
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"cannot load a model from {getattr(options, key)!r}: {first}",

@@ -1,0 +1,91 @@
+"""The one way unimas reads a file someone else may have written: tensors, safetensors and JSON, never pickles.
+
+Checkpoints, snapshots, adapters, replay and pipeline state all arrive from
+outside the process (a colleague's run, a download, a file planted next to
+one). Python's pickle runs code while it loads, so nothing here unpickles:
+
+* :func:`load_tensors` — ``torch.load(weights_only=True)``: tensors, plain
+  containers and numbers only; anything else is refused.
+* :func:`load_safetensors` — a safetensors file (a header and raw bytes).
+* :func:`load_json` — a JSON document checked against a pydantic model
+  (types, ranges), so a file of the wrong shape fails here, named, instead
+  of as a ``KeyError`` somewhere in training.
+
+Every failure — missing, truncated, garbage, a pickle payload, a wrong
+schema — is a :class:`~unimas.errors.UserError` naming the file. Callers that
+fall back to an earlier checkpoint catch that type.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import pickle
+from pathlib import Path
+from typing import Any, Iterator, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from unimas.errors import UserError
+
+Schema = TypeVar("Schema", bound=BaseModel)
+
+REFUSED_PICKLE = ("refused: holds pickled objects, not plain tensors (unimas loads checkpoints with "
+                  "torch.load(weights_only=True) or safetensors and never unpickles code)")
+
+
+@contextlib.contextmanager
+def reading(path: Path) -> Iterator[None]:
+    """Any failure while loading ``path`` becomes a :class:`UserError` naming the file."""
+    try:
+        yield
+    except UserError:
+        raise
+    except pickle.UnpicklingError:
+        raise UserError(REFUSED_PICKLE, where=str(path)) from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+        raise UserError(f"does not match the expected contents: {field}: {first['msg']}", where=str(path)) from None
+    except Exception as exc:  # noqa: BLE001 - whatever the damage, the message names the file
+        detail = (str(exc).strip().splitlines() or [""])[0]
+        raise UserError(f"cannot load this file: {type(exc).__name__}: {detail}", where=str(path)) from None
+
+
+def _must_exist(path: Path) -> None:
+    if not path.is_file():
+        raise UserError("missing (a checkpoint file that should be here)", where=str(path))
+
+
+def load_tensors(path: Path, device: Any = "cpu") -> Any:
+    """Tensors and plain containers saved by ``torch.save``; a pickle of anything else is refused."""
+    import torch
+
+    path = Path(path)
+    _must_exist(path)
+    with reading(path):
+        return torch.load(path, map_location=device, weights_only=True)
+
+
+def load_safetensors(path: Path, device: str = "cpu") -> dict[str, Any]:
+    """A safetensors file's tensors by name."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    _must_exist(path)
+    with reading(path):
+        return load_file(path, device=device)
+
+
+def load_json(path: Path, schema: type[Schema]) -> Schema:
+    """A JSON document validated by ``schema``."""
+    path = Path(path)
+    _must_exist(path)
+    with reading(path):
+        return schema.model_validate(json.loads(path.read_text(encoding="utf-8")))
+
+
+def parse_json_line(text: str, schema: type[Schema], path: Path, line: int) -> Schema:
+    """One line of a JSONL state file validated by ``schema``; the error names the file and line."""
+    with reading(Path(f"{path}:{line}")):
+        return schema.model_validate(json.loads(text))
