@@ -11,7 +11,8 @@ import pytest
 import unimas
 
 PACKAGE = Path(unimas.__file__).resolve().parent
-MAX_LINES = 400
+MAX_LINES = 500
+"""A guard against runaway growth, not a layout rule: modules split by what they own, never to get under a count."""
 
 SPOKES_MUST_NOT_IMPORT = ("unimas.controller", "unimas.credit", "unimas.trainer", "unimas.metrics",
                           "unimas.experiment", "unimas.validate", "unimas.api", "unimas.commands", "unimas.cli")
@@ -92,7 +93,7 @@ def test_the_checker_sees_a_cycle(tmp_path):
     assert "unimas.trainer" in imports_of(planted)
 
 
-def test_no_module_over_400_lines():
+def test_no_module_over_500_lines():
     long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
 

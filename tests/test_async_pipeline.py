@@ -11,7 +11,7 @@ import pytest
 from tests.async_golden import CONFIGS, GOLDEN, run
 
 NEW_KEYS = ("/staleness_mean", "/staleness_max", "/stale_dropped", "/weight_version", "/stale_turns",
-            "/importance_weight")
+            "/importance_weight", "/rerendered_turns", "/clipped")
 """Metrics added with the pipeline (the recorded run predates them)."""
 
 
@@ -31,7 +31,7 @@ def test_max_staleness_0_reproduces_the_recorded_synchronous_run(tmp_path, confi
         assert same_as_recorded(now, then), {k: (now[k], then[k]) for k in then if now[k] != then[k]}
         added = set(now) - set(then)
         assert all(k.endswith(NEW_KEYS) for k in added), sorted(added)
-        assert all(now[k] == 0 for k in added if k.endswith(("/staleness_max", "/stale_dropped", "/stale_turns")))
+        assert all(now[k] == 0 for k in added if k.endswith(("/staleness_max", "/stale_dropped", "/stale_turns", "/clipped")))
     group = "listener_model" if "separate" in config else "shared"
     assert [r[f"group/{group}/weight_version"] for r in records[1:]] == [1.0, 2.0, 3.0]
 

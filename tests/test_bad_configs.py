@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -90,6 +91,28 @@ def setting(key: str, value: Any) -> Make:
     return tree(mutate)
 
 
+def method(key: str, name: str, **params: Any) -> Make:
+    """The quickstart config with ``algorithm.<key>: {name, params}``."""
+    return setting(f"algorithm.{key}", {"name": name, "params": params})
+
+
+def agent(program: Callable[[Path], str], mutate: Callable[[dict], Any] = lambda c: None) -> Make:
+    """The quickstart config run by a ``workflow.agent`` command whose program ``program`` makes in the folder."""
+    return lambda folder: tree(lambda c: (c.update(workflow={"agent": {"command": [program(folder)]}}),
+                                          mutate(c)))(folder)
+
+
+def not_executable(folder: Path) -> str:
+    (folder / "agent.py").write_text("print('{}')\n")
+    (folder / "agent.py").chmod(0o644)
+    return str(folder / "agent.py")
+
+
+def a_directory(folder: Path) -> str:
+    (folder / "agent_dir").mkdir()
+    return str(folder / "agent_dir")
+
+
 def a_dir(folder: Path) -> Path:
     (folder / "dir.yaml").mkdir()
     return folder / "dir.yaml"
@@ -109,6 +132,17 @@ def unimas_datasets():
     return {{"odd": lambda split, seed: {rows}}}
 """
 ODD_DATA = {"name": "odd", "params": {}}
+ESTIMATOR_PLUGIN = """
+from pydantic import PositiveFloat
+
+def scaled(token_level_rewards, response_mask, *, scale: PositiveFloat = 1.0):
+    return token_level_rewards * scale * response_mask, token_level_rewards * response_mask
+
+@unimas.hookimpl
+def unimas_estimators():
+    return {"scaled": scaled}
+"""
+NAN = float("nan")
 WORKFLOW_PLUGIN = """
 async def odd_chars(ctx, task):
     message = await ctx.act("speaker", target="?!")
@@ -232,6 +266,79 @@ CASES = [
     Case("unknown-update-order", setting("algorithm.update_order", {"name": "reverse"}),
          ("algorithm.update_order.name", "reverse_execution")),
     Case("unknown-credit-shaper", setting("algorithm.credit", {"name": "hgpo2"}), ("algorithm.credit.name", "hgpo")),
+    # -- algorithm plugin parameters, checked against the types each plugin declares (unimas/plugin_params.py)
+    Case("rollout-param-unknown", method("rollout", "entropy_branch", sibling=1),
+         ("algorithm.rollout.params.sibling", "unknown parameter", "siblings")),
+    Case("rollout-param-float-for-int", method("rollout", "entropy_branch", roots=2.0),
+         ("algorithm.rollout.params.roots", "valid integer", "2.0")),
+    Case("rollout-param-negative-size", method("rollout", "entropy_branch", siblings=-1),
+         ("algorithm.rollout.params.siblings", "greater than 0")),
+    Case("rollout-param-nan", method("rollout", "adaptive_budget", probe=NAN), ("algorithm.rollout.params.probe",)),
+    Case("rollout-param-string-for-int", method("rollout", "adaptive_budget", probe="4"),
+         ("algorithm.rollout.params.probe", "valid integer")),
+    Case("rollout-param-refused-by-train", method("rollout", "entropy_branch", roots="4"),
+         ("algorithm.rollout.params.roots", "valid integer"), FAST, "train"),
+    Case("rollout-param-not-a-choice", method("rollout", "entropy_branch", trigger="random"),
+         ("algorithm.rollout.params.trigger", "'entropy' or 'mixed'")),
+    Case("replay-param-unknown", method("replay", "verified_successes", per_tsk=1),
+         ("algorithm.replay.params.per_tsk", "per_task")),
+    Case("replay-param-float-for-int", method("replay", "verified_successes", per_task=1.5),
+         ("algorithm.replay.params.per_task", "valid integer")),
+    Case("replay-param-negative-size", method("replay", "verified_successes", per_group=-2),
+         ("algorithm.replay.params.per_group", "greater than 0")),
+    Case("replay-param-nan", method("replay", "verified_successes", threshold=NAN),
+         ("algorithm.replay.params.threshold", "finite")),
+    Case("replay-param-string-for-float", method("replay", "verified_successes", revisit="0.5"),
+         ("algorithm.replay.params.revisit", "valid number")),
+    Case("update-order-param-unknown", method("update_order", "reverse_execution", dmp=0.1),
+         ("algorithm.update_order.params.dmp", "damp")),
+    Case("update-order-param-negative", method("update_order", "reverse_execution", damp=-0.5),
+         ("algorithm.update_order.params.damp", "greater than or equal to 0")),
+    Case("update-order-param-nan", method("update_order", "reverse_execution", ratio_clip=NAN),
+         ("algorithm.update_order.params.ratio_clip", "finite")),
+    Case("update-order-param-string-for-float", method("update_order", "reverse_execution", damp="0.1"),
+         ("algorithm.update_order.params.damp", "valid number")),
+    Case("credit-param-unknown", method("credit", "gagpo", gama=0.9), ("algorithm.credit.params.gama", "gamma")),
+    Case("credit-param-string-gamma", method("credit", "gagpo", gamma="0.9"),
+         ("algorithm.credit.params.gamma", "valid number", "'0.9'")),
+    Case("credit-param-nan", method("credit", "hgpo", alpha=NAN), ("algorithm.credit.params.alpha", "finite")),
+    Case("credit-param-negative", method("credit", "hgpo", epsilon=-1e-6),
+         ("algorithm.credit.params.epsilon", "greater than 0")),
+    Case("credit-param-int-for-bool", method("credit", "gagpo", normalize=1),
+         ("algorithm.credit.params.normalize", "valid boolean")),
+    Case("credit-param-none-taken", method("credit", "counterfactual", alpha=1.0),
+         ("algorithm.credit.params.alpha", "known: none")),
+    Case("credit-params-explicit-model-check", method("credit", "gdpo", channels=["a"], weights=[1.0, 2.0]),
+         ("algorithm.credit.params", "one number per channel")),
+    Case("credit-params-required-missing", method("credit", "gdpo"), ("algorithm.credit.params.channels", "required")),
+    Case("loss-param-unknown", tree(lambda c: c["algorithm"].update(loss="m2po", loss_params={"tao": 0.01})),
+         ("algorithm.loss_params.tao", "tau")),
+    Case("loss-param-string-for-float", tree(lambda c: c["algorithm"].update(loss="m2po", loss_params={"tau": "0.01"})),
+         ("algorithm.loss_params.tau", "valid number")),
+    Case("loss-param-negative", tree(lambda c: c["algorithm"].update(loss="m2po", loss_params={"tau": -0.01})),
+         ("algorithm.loss_params.tau", "greater than 0")),
+    Case("loss-param-nan", tree(lambda c: c["algorithm"].update(loss="m2po", loss_params={"tau": NAN})),
+         ("algorithm.loss_params.tau", "finite")),
+    Case("loss-param-of-a-verl-loss", setting("algorithm.loss_params", {"clip": 0.1}),
+         ("algorithm.loss_params.clip", "known: none")),
+    Case("group-loss-param-nan", setting("models.shared.algorithm", {"loss": "m2po", "loss_params": {"tau": NAN}}),
+         ("models.shared.algorithm.loss_params.tau", "finite")),
+    Case("estimator-param-of-verl-grpo", setting("algorithm.estimator_params", {"epsilon": 1e-6}),
+         ("algorithm.estimator_params.epsilon", "known: none")),
+    Case("estimator-param-string", plugin(ESTIMATOR_PLUGIN, lambda c, m: c["algorithm"].update(
+        estimator="scaled", estimator_params={"scale": "2"})), ("algorithm.estimator_params.scale", "valid number")),
+    Case("estimator-param-nan", plugin(ESTIMATOR_PLUGIN, lambda c, m: c["algorithm"].update(
+        estimator="scaled", estimator_params={"scale": NAN})), ("algorithm.estimator_params.scale", "finite")),
+    Case("fork-an-agent-program", agent(lambda f: sys.executable, lambda c: c["algorithm"].update(
+        rollout={"name": "entropy_branch"})), ("algorithm.rollout.name", "workflow.agent", "forks")),
+    # -- workflow.agent.command: found as the agent runner finds it (a path relative to the cwd, or on PATH)
+    Case("agent-command-missing", agent(lambda f: "./no_such_agent.py"),
+         ("workflow.agent.command", "'./no_such_agent.py' does not exist")),
+    Case("agent-command-not-on-path", agent(lambda f: "no-such-agent-program"),
+         ("workflow.agent.command", "not on PATH")),
+    Case("agent-command-is-a-directory", agent(a_directory), ("workflow.agent.command", "is a directory")),
+    Case("agent-command-not-executable", agent(not_executable),
+         ("workflow.agent.command", "is not executable", "chmod +x")),
     # -- plugin modules
     Case("plugin-syntax-error", plugin("def broken(:\n"), ("cannot import plugin module", "SyntaxError")),
     Case("plugin-raises-on-import", plugin("raise RuntimeError('no GPU here')\n"),
@@ -265,7 +372,12 @@ def test_catalogue_is_large_and_ids_are_unique():
                             "generation: &gen {max_new_tokens: 1, temperature: 1.0, require_eos: false}", 1)
         .replace("generation: {max_new_tokens: 1, temperature: 1.0, require_eos: false}", "generation: *gen")),
     jsonl_data("\n".join(json.dumps({"target": t, "answer": t}) for t in "abcd") + "\n"),
-], ids=["quickstart", "anchors-and-aliases", "jsonl-data"])
+    method("rollout", "entropy_branch", roots=2, siblings=1, trigger="mixed"),
+    method("credit", "gdpo", channels=["signal"], weights=[1.0]),
+    tree(lambda c: c["algorithm"].update(loss="m2po", loss_params={"tau": 0.02})),
+    agent(lambda f: sys.executable),
+], ids=["quickstart", "anchors-and-aliases", "jsonl-data", "typed-params", "explicit-params-model", "loss-params",
+        "agent-program"])
 def test_valid_variants_still_pass(make: Make, tmp_path, capsys):
     code = main(["validate", str(make(tmp_path))])
     assert code == 0, capsys.readouterr().err

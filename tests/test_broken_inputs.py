@@ -3,13 +3,19 @@ cause and where it is (field path, function, file:line), and no traceback unless
 
 import importlib.metadata
 import itertools
+import json
+import pickle
+import shutil
 import textwrap
 
 import pytest
+import torch
 import yaml
 
 from tests.conftest import EXAMPLES
+from unimas import checkpoints
 from unimas.cli import main
+from unimas.config_file import load_config
 
 QUICKSTART = EXAMPLES / "quickstart.yaml"
 FAST = ["--set", "trainer.steps=1", "--set", "trainer.eval_size=4", "--set", "trainer.tasks_per_step=2"]
@@ -384,3 +390,204 @@ def test_plugins_command_lists_the_broken_plugin(broken_entry_point, capsys):
     assert code == 0, err
     assert "broken: 'broken_one' (nonexistent_mod_xyz)" in out
     assert "signalling" in out
+
+
+# -- a checkpoint's files: payloads and bad state never load; a bad checkpoint falls back --------------------------
+# One tiny run holds every kind of state file: a LoRA group (speaker), a full one (listener), a snapshot pool of it
+# (rival), a replay buffer and one step of pipelined rollouts. Checkpoints at steps 2 and 4 (step 5's is removed,
+# so step 4 is the newest); each test damages a copy.
+
+EVERYTHING = ["trainer.steps=5", "trainer.save_every=2", "trainer.tasks_per_step=2", "algorithm.group_size=2",
+              "trainer.eval_size=2", "trainer.eval_every=0", "trainer.stop_at_accuracy=null",
+              "algorithm.max_staleness=1", "logging.report=false", "logging.console=false",
+              "algorithm.replay={name: verified_successes, params: {revisit: 0.5, threshold: 0.0}}"]
+
+
+def _everything(tree):
+    speaker, listener = tree["models"]["speaker_model"], tree["models"]["listener_model"]
+    speaker["lora"] = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    tree["roles"]["speaker"]["adapter"] = "speaker"
+    tree["models"]["rival"] = {"backend": "torch", "options": listener["options"], "trainable": False,
+                               "snapshot": {"of": "listener_model", "every": 2, "pool": 2}}
+
+
+def everything_args(config, *extra):
+    return [str(config), *(part for item in (*EVERYTHING, *extra) for part in ("--set", item))]
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """(config, run dir) of the run described above."""
+    root = tmp_path_factory.mktemp("everything")
+    config = write_config(root, _everything, base=EXAMPLES / "quickstart_separate.yaml")
+    run_dir = root / "run"
+    assert main(["train", *everything_args(config), "--run-dir", str(run_dir)]) == 0
+    shutil.rmtree(run_dir / "checkpoints" / "step_000005")
+    for name in ("pending_rollouts.jsonl", "replay_state.json", "snapshot_pools.json"):
+        assert (run_dir / "checkpoints" / "step_000004" / name).is_file(), name
+    return config, run_dir
+
+
+@pytest.fixture
+def saved(saved_run, tmp_path):
+    config, base = saved_run
+    shutil.copytree(base, tmp_path / "run")
+    return config, tmp_path / "run"
+
+
+class Payload:
+    """Unpickling this would create ``path``: the file must never appear."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def newest(run_dir):
+    return run_dir / "checkpoints" / "step_000004"
+
+
+def vouch_for(config, run_dir):
+    """Re-write the newest checkpoint's manifest to match what the test changed in it."""
+    checkpoints.write_manifest(newest(run_dir), 4, load_config(str(config), EVERYTHING))
+
+
+def resume(config, run_dir, capsys):
+    code, out, err = run(capsys, "train", *everything_args(config), "--run-dir", run_dir, "--resume")
+    assert "Traceback" not in out + err
+    return code, out + err
+
+
+def pickled(marker):
+    return pickle.dumps(Payload(marker), protocol=2)
+
+
+def _snapshot_weights(run_dir):
+    return run_dir / "snapshots" / "rival" / "step_000004" / "model" / "model.safetensors"
+
+
+CHECKPOINT_FILES = {  # kind -> (the file holding the payload, how it is planted)
+    "lora adapter": (lambda r: newest(r) / "speaker_model/adapters/speaker/adapter_model.safetensors",
+                     lambda path, marker: path.write_bytes(pickled(marker))),
+    "replay state": (lambda r: newest(r) / "replay_state.json", lambda path, marker: path.write_bytes(pickled(marker))),
+    "pending rollouts": (lambda r: newest(r) / "pending_rollouts.jsonl",
+                         lambda path, marker: path.write_bytes(path.read_bytes() + pickled(marker))),
+    "snapshot weights": (_snapshot_weights, lambda path, marker: path.write_bytes(pickled(marker))),
+    "snapshot bin": (lambda r: _snapshot_weights(r).with_name("pytorch_model.bin"),
+                     lambda path, marker: torch.save({"weight": Payload(marker)}, path)),
+}
+
+
+@pytest.mark.parametrize("vouched", [False, True], ids=["unlisted", "vouched"])
+@pytest.mark.parametrize("kind", sorted(CHECKPOINT_FILES))
+def test_a_pickle_payload_in_a_checkpoint_file_never_runs_on_resume(saved, capsys, tmp_path, kind, vouched):
+    config, run_dir = saved
+    marker = tmp_path / "unpickled"
+    where, plant = CHECKPOINT_FILES[kind]
+    plant(where(run_dir), marker)
+    if vouched:
+        vouch_for(config, run_dir)
+    code, output = resume(config, run_dir, capsys)
+    assert code == 0 and not marker.exists()
+    assert f"skipping checkpoint step_000004: {where(run_dir)}" in output, output
+    assert "(step 2)" in output
+
+
+@pytest.mark.parametrize("vouched", [False, True], ids=["unlisted", "vouched"])
+@pytest.mark.parametrize("kind", ["lora adapter", "pending rollouts", "replay state"])  # eval plays no snapshot pool
+def test_a_pickle_payload_in_a_checkpoint_file_never_runs_on_eval(saved, capsys, tmp_path, kind, vouched):
+    config, run_dir = saved
+    marker = tmp_path / "unpickled"
+    where, plant = CHECKPOINT_FILES[kind]
+    plant(where(run_dir), marker)
+    if vouched:
+        vouch_for(config, run_dir)
+    code, _, err = run(capsys, "eval", *everything_args(config), "--checkpoint", newest(run_dir),
+                       "--run-dir", tmp_path / "eval")
+    assert_user_error(code, err, where(run_dir))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("vouched", [False, True], ids=["unlisted", "vouched"])
+def test_a_pickle_payload_in_an_adapter_never_runs_on_serve(saved, capsys, monkeypatch, tmp_path, vouched):
+    import uvicorn
+
+    config, run_dir = saved
+    marker, started = tmp_path / "unpickled", []
+    adapter = newest(run_dir) / "speaker_model/adapters/speaker/adapter_model.safetensors"
+    adapter.write_bytes(pickled(marker))
+    if vouched:
+        vouch_for(config, run_dir)
+
+    async def no_server(self, *args, **kwargs):
+        started.append(self.config.port)
+
+    monkeypatch.setattr(uvicorn.Server, "serve", no_server)
+    code, _, err = run(capsys, "serve", *everything_args(config), "--checkpoint", newest(run_dir))
+    assert_user_error(code, err, adapter)
+    assert not marker.exists() and not started
+
+
+def _pending(path, change):
+    """Apply ``change`` to the first record of a pending-rollouts file."""
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[0])
+    change(record)
+    path.write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n")
+
+
+def _rename_role(record):
+    for node in record["episode"]["nodes"]:
+        if node.get("role") == "listener":
+            node["role"] = "ghost"
+
+
+def _edit(path, change):
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(("name", "damage", "cause"), [
+    ("pending_rollouts.jsonl", lambda p: _pending(p, lambda r: r.update(step=3)),
+     ":1: a rollout of step 4, which the checkpoint of step 4 already trained"),
+    ("pending_rollouts.jsonl", lambda p: _pending(p, lambda r: r.update(step="4")), "step: Input should be"),
+    ("pending_rollouts.jsonl", lambda p: _pending(p, _rename_role), "role(s) ghost, which this run does not have"),
+    ("pending_rollouts.jsonl", lambda p: p.write_text(p.read_text()[:-40]), "JSONDecodeError"),
+    ("pending_rollouts.jsonl", lambda p: _pending(p, lambda r: r["episode"].pop("task_id")), "KeyError"),
+    ("replay_state.json", lambda p: _edit(p, lambda d: d.update(previous_step=9)),
+     "previous_step 9: the checkpoint collected episodes up to step 4 only"),
+    ("replay_state.json", lambda p: _edit(p, lambda d: d.update(buffer={"not": "a list"})),
+     "does not match the expected contents"),
+    ("replay_state.json", lambda p: _edit(p, lambda d: d.pop("previous")), "previous: Field required"),
+    ("snapshot_pools.json", lambda p: _edit(p, lambda d: d.update(step=2)), "records step 2"),
+    ("snapshot_pools.json", lambda p: _edit(p, lambda d: d.update(groups={"ghost": d["groups"]["rival"]})),
+     "records pools of ghost, but this run's snapshot groups are rival"),
+    ("snapshot_pools.json", lambda p: _edit(p, lambda d: d["groups"]["rival"].update(playing=8)),
+     "taken after step 4"),
+    ("snapshot_pools.json", lambda p: p.write_text("{\"step\": 4"), "JSONDecodeError"),
+])
+def test_a_bad_state_file_makes_its_checkpoint_fall_back(saved, capsys, name, damage, cause):
+    config, run_dir = saved
+    damage(newest(run_dir) / name)
+    vouch_for(config, run_dir)  # the manifest matches: the file's own schema check must catch it
+    code, output = resume(config, run_dir, capsys)
+    assert code == 0 and f"skipping checkpoint step_000004: {newest(run_dir) / name}" in output, output
+    assert cause in output and "(step 2)" in output
+    assert (run_dir / "checkpoints" / "damaged-step_000004").is_dir()
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 1, 2, 3, 4, 5]  # steps 3 to 5 trained once more, none twice in the log
+
+
+def test_a_snapshot_pool_linked_out_of_the_run_is_refused_and_left_alone(saved, capsys, tmp_path):
+    config, run_dir = saved
+    pool, outside = run_dir / "snapshots" / "rival", tmp_path / "elsewhere"
+    shutil.move(pool, outside)
+    pool.symlink_to(outside, target_is_directory=True)
+    (outside / "step_000009").mkdir()  # newer than the checkpoint: a resume deletes such a snapshot in its pool
+    before = sorted(p.relative_to(outside) for p in outside.rglob("*"))
+    code, output = resume(config, run_dir, capsys)
+    assert_user_error(code, output, pool, "outside the run directory")
+    assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == before

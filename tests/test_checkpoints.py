@@ -187,3 +187,154 @@ def test_every_checkpoint_damaged_starts_over(run, capsys):
     code, output = train(run, capsys)
     assert code == 0 and output.count("skipping checkpoint") == 2 and "starting over from step 0" in output
     assert steps(run) == [0, 1, 2, 3, 4]
+
+
+# -- state files: each is checked against its schema inside the checkpoint load ------------------------------
+
+def vouch(directory: Path, step: int) -> None:
+    """Re-write the manifest so it matches the damaged files: the file's own check must catch the damage."""
+    checkpoints.write_manifest(directory, step, load_config(CONFIG, SETTINGS))
+
+
+def edit_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def save_rng(path: Path, **changes) -> None:
+    state = torch.load(path, weights_only=True)
+    state.update(changes)
+    torch.save(state, path)
+
+
+@pytest.mark.parametrize(("name", "damage", "cause"), [
+    ("trainer_state.json", lambda p: p.write_text(p.read_text()[:20]), "cannot load this file: JSONDecodeError"),
+    ("trainer_state.json", lambda p: p.write_bytes(b"\x00\xff garbage"), "cannot load this file"),
+    ("trainer_state.json", lambda p: p.write_text("[4]"), "does not match the expected contents"),
+    ("trainer_state.json", lambda p: edit_json(p, lambda d: d.pop("step")), "step: Field required"),
+    ("trainer_state.json", lambda p: edit_json(p, lambda d: d.update(step="4")), "step: Input should be a valid"),
+    ("trainer_state.json", lambda p: edit_json(p, lambda d: d.update(failed_steps_in_a_row=-1)),
+     "failed_steps_in_a_row: Input should be greater than or equal to 0"),
+    ("trainer_state.json", lambda p: edit_json(p, lambda d: d.update(step=2)), "records step 2, but it sits in "
+     "the checkpoint of step 4"),
+    ("trainer_state.json", lambda p: edit_json(p, lambda d: d.update(weight_versions={"ghost": 4})),
+     "group(s) ghost, which this run does not have"),
+    ("shared/rng.pt", lambda p: save_rng(p, generator=torch.zeros(4)), "generator: Value error, must be a 1-D uint8"),
+    ("shared/rng.pt", lambda p: save_rng(p, weight_version=-1), "weight_version: Input should be greater than"),
+    ("shared/rng.pt", lambda p: save_rng(p, weight_version=1.5), "weight_version: Input should be a valid integer"),
+    ("shared/rng.pt", lambda p: torch.save(torch.zeros(3), p), "does not match the expected contents"),
+])
+def test_a_bad_state_file_makes_its_checkpoint_fall_back(run, capsys, name, damage, cause):
+    damage(ckpt(run, 4) / name)
+    vouch(ckpt(run, 4), 4)
+    code, output = train(run, capsys)
+    assert code == 0
+    assert f"skipping checkpoint step_000004: {ckpt(run, 4) / name}" in output and cause in output, output
+    assert "(step 2)" in output and steps(run) == [0, 1, 2, 3, 4]
+    assert (run / "checkpoints" / "damaged-step_000004").is_dir()
+
+
+def test_a_manifest_of_another_step_falls_back(run, capsys):
+    vouch(ckpt(run, 4), 2)  # intact files, but the manifest claims step 2
+    code, output = train(run, capsys)
+    assert code == 0 and f"{ckpt(run, 4) / 'manifest.json'}: says step 2" in output and "(step 2)" in output
+
+
+# -- pickle payloads in every torch-group file, through train --resume, eval and serve --------------------------
+
+def plant_dict(path: Path, marker: Path) -> None:
+    torch.save({"state": Payload(marker)}, path)
+
+
+def plant_bin(path: Path, marker: Path, instead: bool) -> None:
+    """A ``pytorch_model.bin`` holding the payload, next to the model's safetensors or instead of them."""
+    torch.save({"model.embed_tokens.weight": Payload(marker)}, path.parent / "pytorch_model.bin")
+    if instead:
+        path.unlink()
+
+
+PLANTED = {  # file kind -> (file holding the payload, relative to the checkpoint; how it is planted; the file
+    # the manifest check names when the manifest does not vouch for it)
+    "optimizer": ("shared/optimizer.pt", plant_dict, "shared/optimizer.pt"),
+    "scheduler": ("shared/scheduler.pt", plant_dict, "shared/scheduler.pt"),
+    "rng": ("shared/rng.pt", plant_dict, "shared/rng.pt"),
+    "bin next to safetensors": ("shared/model/pytorch_model.bin",
+                                lambda p, m: plant_bin(p.parent / "model.safetensors", m, instead=False),
+                                "shared/model/pytorch_model.bin"),
+    "bin instead of safetensors": ("shared/model/pytorch_model.bin",
+                                   lambda p, m: plant_bin(p.parent / "model.safetensors", m, instead=True),
+                                   "shared/model/model.safetensors"),  # missing, listed in the manifest
+}
+
+
+def serve_checkpoint(directory: Path, capsys, monkeypatch) -> tuple[int, str]:
+    """``unimas serve --checkpoint``: exit code and output; a server that would start only records that it would."""
+    import uvicorn
+
+    started = []
+
+    async def no_server(self, *args, **kwargs):
+        started.append(self.config.port)
+
+    monkeypatch.setattr(uvicorn.Server, "serve", no_server)
+    code = main(["serve", CONFIG, "--checkpoint", str(directory), "--host", "127.0.0.1", *sets()])
+    output = "".join(capsys.readouterr())
+    assert not started, "the server started on a checkpoint holding a pickle payload"
+    return code, output
+
+
+@pytest.mark.parametrize("vouched", [False, True], ids=["unlisted", "vouched"])
+@pytest.mark.parametrize("command", ["resume", "eval", "serve"])
+@pytest.mark.parametrize("kind", sorted(PLANTED))
+def test_a_pickle_payload_in_any_group_file_never_runs(run, capsys, monkeypatch, tmp_path, kind, command, vouched):
+    marker = tmp_path / "unpickled"
+    name, plant, unlisted = PLANTED[kind]
+    plant(ckpt(run, 4) / name, marker)
+    if vouched:
+        vouch(ckpt(run, 4), 4)
+    target = ckpt(run, 4) / (name if vouched else unlisted)
+    if command == "resume":
+        code, output = train(run, capsys)
+        assert code == 0 and f"skipping checkpoint step_000004: {target}" in output and "(step 2)" in output
+    elif command == "eval":
+        code = main(["eval", CONFIG, "--checkpoint", str(ckpt(run, 4)), "--run-dir", str(tmp_path / "eval"), *sets()])
+        output = "".join(capsys.readouterr())
+        assert code == 2
+    else:
+        code, output = serve_checkpoint(ckpt(run, 4), capsys, monkeypatch)
+        assert code == 2
+    assert not marker.exists() and "Traceback" not in output
+    assert f"{target}: " in output, output
+    if vouched:
+        assert "refused" in output
+
+
+# -- nothing outside the run directory is written or deleted ----------------------------------------------------
+
+def contents(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def move_outside(path: Path, outside: Path) -> dict[str, bytes]:
+    """Move ``path`` to ``outside`` and leave a symlink to it in its place; what ``outside`` holds now."""
+    shutil.move(path, outside)
+    path.symlink_to(outside, target_is_directory=True)
+    return contents(outside)
+
+
+@pytest.mark.parametrize(("linked", "extra", "prepare"), [
+    ("checkpoints", (), None),
+    ("checkpoints/step_000002", ("trainer.steps=6", "trainer.keep_checkpoints=1"), None),  # pruned
+    ("checkpoints/step_000004", (), lambda d: (d / "shared/rng.pt").unlink()),  # damaged: moved aside
+    ("checkpoints/step_000004", (), lambda d: (d / "COMPLETE").unlink()),  # partial: deleted
+])
+def test_a_symlink_out_of_the_run_is_refused_and_its_target_untouched(run, capsys, tmp_path, linked, extra,
+                                                                      prepare):
+    outside = tmp_path / "elsewhere"
+    if prepare is not None:
+        prepare(run / linked)
+    before = move_outside(run / linked, outside)
+    code, output = train(run, capsys, *extra)
+    assert code == 2 and "outside the run directory" in output and f"{run / linked}" in output, output
+    assert contents(outside) == before

@@ -113,3 +113,17 @@ def test_too_many_failed_episodes_stop_the_run_with_one_line(tmp_path, capsys):
         sys.path.remove(str(tmp_path))
     err = capsys.readouterr().err
     assert "episodes failed" in err and "ValueError: bug in my workflow" in err and "Traceback" not in err
+
+
+def test_plugins_verbose_lists_each_algorithm_parameter_with_type_and_default(capsys):
+    assert main(["plugins", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "entropy_branch  (unimas; algorithm.rollout.params)" in out
+    assert "    roots: int (> 0) = 4  -- episodes per task run from scratch" in out
+    assert '    trigger: "entropy" | "mixed" = "entropy"' in out
+    assert "    gamma: float (>= 0, <= 1) = 1.0" in out  # gagpo
+    assert "    channels: list[str] (min length 1) (required)" in out  # gdpo's explicit model
+    assert "    tau: float | null = null" in out  # m2po, a policy loss's keyword-only parameter
+    assert "counterfactual  (unimas; algorithm.credit.params)\n    no parameters" in out
+    assert main(["plugins"]) == 0
+    assert "roots:" not in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""docs/config.md is generated from the config models, is up to date, and every field is described."""
+"""docs/config.md is generated from the config models, is up to date, and every field is described; so is the
+parameters section of docs/algorithms.md, from the built-in algorithm plugins."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel
 
+from unimas import algorithm_docs
 from unimas.config import ExperimentConfig
 from unimas.config_docs import REGENERATE, builtin_backend_options, render
+from unimas.registry import build_registry
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
+ALGORITHMS_DOC = Path(__file__).resolve().parents[1] / "docs" / "algorithms.md"
 ROW = re.compile(r"^\| `([^`]+)` \| (.+) \| (.+) \| (.*) \|$")
 NAMES = {"models": "<group>", "roles": "<role>", "nodes": "<node>"}
 
@@ -112,6 +116,25 @@ def test_known_paths_types_and_defaults():
     assert "#### `models.<group>.options.tiny` (TinyModelConfig)" in text
     assert "#### `models.<group>.options` (OpenAIOptions)" in text
     assert any(REGENERATE in line and "generated" in line for line in text.splitlines()[:8])
+
+
+def test_docs_algorithms_md_parameters_are_up_to_date():
+    """The generated section of docs/algorithms.md lists every built-in method's parameters as the code declares."""
+    text = ALGORITHMS_DOC.read_text()
+    section = algorithm_docs.render_section()
+    assert section in text, f"docs/algorithms.md is stale; run `{algorithm_docs.REGENERATE}`"
+    assert algorithm_docs.updated(text, section) == text
+    assert "## Typed parameters" in text  # the hand-written part stays
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert "| `roots` | `int (> 0)` | `4` | episodes per task run from scratch |" in rows
+    assert "| `tau` | `float \\| null` | `null` |" in section
+    registry = build_registry()
+    for kind, name, obj in algorithm_docs.builtin_entries(registry):
+        assert f"### `{name}` (" in section
+        for field, info in algorithm_docs.spec_of(kind, name, obj).model.model_fields.items():
+            assert (info.description or "").strip(), f"{name}.{field} has no description"
+            assert f"| `{field}` |" in section
+    assert {kind for kind, _name, _obj in algorithm_docs.builtin_entries(registry)} == set(algorithm_docs.PARAMS_KEYS)
 
 
 def test_no_machine_specific_paths():

@@ -64,7 +64,8 @@ def test_tool_requests_are_checked_and_converted():
         {"id": "call-speaker#0-0", "type": "function", "function": {"name": "add", "arguments": {"a": 1}}}]}
     assert call.messages[2] == {"role": "tool", "content": "3", "tool_call_id": "call-speaker#0-0"}
     assert parse_chat({**body, "tool_choice": "none"}, {"speaker"}, sampling=False).tools is None
-    for bad, field in (({"tool_choice": "required"}, "tool_choice"), ({"tools": [{"type": "function"}]}, "tools[0]"),
+    for bad, field in (({"tool_choice": {"type": "function", "function": {"name": "mul"}}}, "tool_choice"),
+                       ({"tools": [{"type": "function"}]}, "tools[0]"),
                        ({"tools": "add"}, "tools")):
         with pytest.raises(GatewayError) as refused:
             parse_chat({**body, **bad}, {"speaker"}, sampling=False)

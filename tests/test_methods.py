@@ -18,10 +18,13 @@ from unimas_plugins.methods.passthrough import passthrough
 from unimas_plugins.methods.replay import VerifiedSuccesses
 from unimas_plugins.methods.seeupo import ReverseExecution
 
+from unimas import plugin_params
+from unimas.algorithms import resolve_policy_loss
 from unimas.controller.episodes import EpisodeSpec
 from unimas.credit import CreditedTurn
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import TrainTurn
+from unimas.registry import build_registry
 from unimas.trajectory import GraphTrajectory, TurnNode
 from unimas.update_order import execution_order, update_groups
 
@@ -90,8 +93,9 @@ def test_gdpo_normalises_each_channel_in_its_group_before_summing():
     mean = sum(total) / 4
     var = sum((x - mean) ** 2 for x in total) / 3
     assert signal == pytest.approx([(x - mean) / math.sqrt(var + 1e-8) for x in total], abs=1e-4)
-    with pytest.raises(ValueError):
-        gdpo(channels=[])
+    for bad in ({"channels": []}, {"channels": ["team"], "weights": [1.0, 2.0]}):  # its params model says no
+        with pytest.raises(UserError, match=r"algorithm\.credit\.params"):
+            plugin_params.bind(gdpo, "gdpo", bad, "algorithm.credit.params")
 
 
 def test_entropy_branching_forks_the_most_uncertain_turn_and_mixed_branching_the_contested_tasks():
@@ -230,6 +234,10 @@ def test_m2po_masks_the_largest_log_ratios_until_the_second_moment_fits():
     assert float(metrics["actor/pg_clipfrac"]) == pytest.approx(0.5)
     fresh_loss, fresh = m2po(old, torch.zeros(1, 4), advantages, mask, "token-mean", None)
     assert float(fresh["actor/pg_clipfrac"]) == 0.0 and fresh_loss.item() == pytest.approx(-2.0)
+    # algorithm.loss_params: {tau: 0.04} is bound when the loss is resolved: only the .25 is dropped then
+    loose = resolve_policy_loss("m2po", build_registry(), params={"tau": 0.04})
+    _, metrics = loose(old, log_ratio, advantages, mask, loss_agg_mode="token-mean", config=None)
+    assert float(metrics["actor/pg_clipfrac"]) == pytest.approx(0.25)
 
 
 def test_passthrough_hands_the_signal_on():

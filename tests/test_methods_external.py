@@ -12,7 +12,11 @@ import json
 
 import unimas
 from tests.conftest import EXAMPLES
+from unimas.algorithm_docs import parameter_lines
 from unimas.cli import main
+from unimas.config_file import load_config
+from unimas.rollout import _build
+from unimas.validate import validate
 from unimas.trajectory import read_jsonl
 
 CALLS: list[tuple[str, object]] = []
@@ -23,6 +27,15 @@ class BranchFirstTurn:
         roots = await session.run(specs[::2])
         CALLS.append(("rollout", len(roots)))
         return roots + await session.fork([(root, 1, 1) for root in roots])
+
+
+def by_length(scale=1.0, **extra):
+    """Written before typed parameters: ``scale`` and the ``extra`` names reach it unchecked."""
+    CALLS.append(("by_length", (scale, extra)))
+
+    def shape(turns):
+        return [scale * c.turn.reward for c in turns]
+    return shape
 
 
 class FirstActorLast:
@@ -45,6 +58,11 @@ def unimas_update_orders():
     return {"first_actor_last": FirstActorLast}
 
 
+@unimas.hookimpl
+def unimas_credit_shapers():
+    return {"by_length": by_length}
+
+
 def test_an_outside_plugin_adds_a_rollout_control_and_an_update_order(tmp_path):
     CALLS.clear()
     args = ["train", str(EXAMPLES / "quickstart.yaml"), "--run-dir", str(tmp_path)]
@@ -65,3 +83,16 @@ def test_an_outside_plugin_adds_a_rollout_control_and_an_update_order(tmp_path):
         assert fork.turns()[0].response_ids == parent.turns()[0].response_ids
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert "group/shared/policy_loss" in records[-1]
+
+
+def test_untyped_parameters_of_an_outside_plugin_pass_through_unchecked(capsys):
+    CALLS.clear()
+    params = "{scale: '2', window: [1, 2]}"  # a string and an unknown name: no types to check them against
+    config = load_config(EXAMPLES / "quickstart.yaml", ["plugins=[tests.test_methods_external]",
+                                                      f"algorithm.credit={{name: by_length, params: {params}}}"])
+    experiment = validate(config)
+    _build(experiment.registry, "credit_shapers", config.algorithm.credit, "algorithm.credit")
+    assert CALLS == [("by_length", ("2", {"window": [1, 2]}))]
+    lines = parameter_lines("credit_shapers", "by_length", by_length)
+    assert lines[0] == "scale: any (unchecked) = 1.0"
+    assert "untyped parameters are passed through unchecked" in lines

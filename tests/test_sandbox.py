@@ -1,8 +1,12 @@
 """The code sandbox: each attack of issue 13 item 4 is stopped and reported with the right status."""
 
 import asyncio
+import contextlib
 import json
 import os
+import shutil
+import socket
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -53,7 +57,8 @@ def test_exception_is_an_error():
 
 @needs_bwrap
 def test_infinite_loop_times_out():
-    result = run_python("while True:\n    pass", limits=SandboxLimits(timeout_s=1.0))
+    # a CPU limit above the wall clock, so that the wall clock is what stops it (not a race between the two)
+    result = run_python("while True:\n    pass", limits=SandboxLimits(timeout_s=1.0, cpu_s=5))
     assert result.status == "timeout" and result.exit_code is None
     assert 1.0 <= result.duration_s < 3.0
 
@@ -186,3 +191,126 @@ def test_cli_exit_codes(tmp_path, capsys):
         assert main(["sandbox", str(tmp_path / "fail.py"), "--timeout", "5"]) == 1
         data = json.loads(capsys.readouterr().out)
         assert (data["status"], data["exit_code"]) == ("error", 3)
+
+
+# ---------------------------------------------------------------- host Unix sockets (issue 21 item 6)
+
+_TRY_SOCKETS = """
+import errno, json, os, socket, stat
+targets = json.loads(input())
+def attempt(kind, address, send=False):
+    try:
+        if kind == "pair":
+            sock, _ = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        else:
+            sock = socket.socket(socket.AF_UNIX, kind)
+        sock.settimeout(2)
+        if send:
+            sock.sendto(b"x", address)
+            return "sent"
+        sock.connect(address)
+        return "connected"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+stream, datagram = targets["stream"], targets["datagram"]
+print(json.dumps({
+    "visible": not stream.startswith("\\0") and os.path.exists(stream) and stat.S_ISSOCK(os.stat(stream).st_mode),
+    "stream": attempt(socket.SOCK_STREAM, stream),
+    "datagram": attempt(socket.SOCK_DGRAM, datagram),
+    "sendto": attempt(socket.SOCK_DGRAM, datagram, send=True),
+    "pair_sendto": attempt("pair", datagram, send=True),
+}))
+"""
+
+
+def _host_sockets(where: str, stack) -> dict[str, str]:
+    """A listening stream socket and a bound datagram socket of the host at ``where``: their addresses."""
+    if where == "abstract":
+        base = f"\0unimas-sandbox-test-{uuid.uuid4().hex}"
+        addresses = {"stream": base + "-stream", "datagram": base + "-dgram"}
+    else:
+        directory = tempfile.mkdtemp(prefix="unimas-sandbox-sock-", dir=where)
+        stack.callback(shutil.rmtree, directory, True)
+        os.chmod(directory, 0o755)  # searchable by the sandbox user, so only the filter can stop a connect
+        addresses = {"stream": f"{directory}/stream.sock", "datagram": f"{directory}/dgram.sock"}
+    for kind, key in ((socket.SOCK_STREAM, "stream"), (socket.SOCK_DGRAM, "datagram")):
+        server = stack.enter_context(socket.socket(socket.AF_UNIX, kind))
+        server.bind(addresses[key])
+        if where != "abstract":
+            os.chmod(addresses[key], 0o777)  # writable for everyone: connect() needs nothing more
+        if kind == socket.SOCK_STREAM:
+            server.listen()
+        server.setblocking(False)
+        addresses[key + "_server"] = server
+    return addresses
+
+
+@needs_bwrap
+@pytest.mark.parametrize("where", ["/var/tmp", "/run", "host-tmp", "abstract"])
+def test_no_unix_socket_of_the_host_is_reachable(where, tmp_path):
+    """Stream connect, datagram connect and sendto (also through an unnamed socket pair) all fail with EPERM
+    and the host side never sees a connection or a datagram; /var/tmp is visible in the sandbox, so there the
+    seccomp filter alone is what stops them."""
+    if where == "/run" and not os.access("/run", os.W_OK):
+        pytest.skip("/run is not writable by this user")
+    location = str(tmp_path) if where == "host-tmp" else where
+    with contextlib.ExitStack() as stack:
+        host = _host_sockets(location, stack)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:  # the host itself can connect: a real target
+            probe.connect(host["stream"])
+            host["stream_server"].setblocking(True)
+            host["stream_server"].accept()[0].close()
+            host["stream_server"].setblocking(False)
+        result = run_python(_TRY_SOCKETS, stdin=json.dumps({"stream": host["stream"], "datagram": host["datagram"]}),
+                            limits=QUICK)
+        assert result.status == "ok", result.stderr
+        seen = json.loads(result.stdout)
+        assert {seen[k] for k in ("stream", "datagram", "sendto", "pair_sendto")} == {"EPERM"}, seen
+        assert seen["visible"] is (where == "/var/tmp")
+        with pytest.raises(BlockingIOError):
+            host["stream_server"].accept()
+        with pytest.raises(BlockingIOError):
+            host["datagram_server"].recv(16)
+
+
+@needs_bwrap
+def test_stream_socket_pairs_and_asyncio_still_work():
+    code = ("import asyncio, multiprocessing, socket\na, b = socket.socketpair()\na.sendall(b'hi')\n"
+            "print(b.recv(2).decode(), asyncio.run(asyncio.sleep(0, 'loop')))\n"
+            "left, right = multiprocessing.Pipe()\nleft.send(7)\nprint(right.recv())\n")
+    result = run_python(code, limits=QUICK)
+    assert (result.status, result.stdout) == ("ok", "hi loop\n7\n"), result.stderr
+
+
+def test_without_libseccomp_the_sandbox_is_unavailable(monkeypatch):
+    from unimas import sandbox_seccomp
+
+    why = "libseccomp is not installed (test)"
+    monkeypatch.setattr(sandbox_seccomp, "program", lambda: (None, why))
+    monkeypatch.setattr(sandbox, "_probes", {})
+    if not sandbox.shutil.which("bwrap"):
+        pytest.skip("bwrap missing: the libseccomp check comes after it")
+    assert not sandbox.available() and sandbox.unavailable_reason() == why
+    result = run_python("print(1)")
+    assert result.status == "refused" and why in result.stderr and result.stdout == ""
+    with pytest.raises(UserError, match="libseccomp"):
+        sandbox.require_available()
+
+
+def test_the_fallback_says_it_reaches_host_sockets(monkeypatch, tmp_path):
+    """The fallback promises no socket isolation: its note says so, and a host socket is indeed reachable."""
+    monkeypatch.setattr(sandbox, "available", lambda: False)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        directory = tempfile.mkdtemp(prefix="unimas-fallback-sock-", dir="/var/tmp")
+        try:
+            os.chmod(directory, 0o755)
+            path = f"{directory}/s.sock"
+            server.bind(path)
+            os.chmod(path, 0o777)
+            server.listen()
+            code = f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({path!r})\nprint('connected')\n"
+            result = run_python(code, limits=QUICK, allow_fallback=True)
+        finally:
+            shutil.rmtree(directory, True)
+    assert result.notes and "host's Unix sockets" in result.notes[0]
+    assert result.status == "ok" and result.stdout == "connected\n", result.stderr

@@ -39,10 +39,13 @@ def test_reverse_execution_with_ratio_clip_scores_the_shared_model_between_stage
 
 @pytest.mark.parametrize("setting, message", [
     ("algorithm.update_order={name: nope}", "unknown update order 'nope'"),
-    ("algorithm.update_order={name: reverse_execution, params: {damp: -1}}", "damp must be >= 0"),
-    ("algorithm.update_order={name: reverse_execution, params: {ratio_clip: 1.5}}", "ratio_clip in [0, 1)"),
-    ("algorithm.rollout={name: entropy_branch, params: {trigger: sometimes}}", "trigger must be"),
-    ("algorithm.credit={name: hgpo, params: {beta: 1}}", "unexpected keyword argument 'beta'"),
+    ("algorithm.update_order={name: reverse_execution, params: {damp: -1}}",
+     "algorithm.update_order.params.damp: Input should be greater than or equal to 0"),
+    ("algorithm.update_order={name: reverse_execution, params: {ratio_clip: 1.5}}",
+     "algorithm.update_order.params.ratio_clip: Input should be less than 1"),
+    ("algorithm.rollout={name: entropy_branch, params: {trigger: sometimes}}",
+     "algorithm.rollout.params.trigger: Input should be 'entropy' or 'mixed'"),
+    ("algorithm.credit={name: hgpo, params: {beta: 1}}", "algorithm.credit.params.beta: unknown parameter"),
 ])
 def test_algorithm_plugin_mistakes_are_user_errors(tmp_path, capsys, setting, message):
     code, _ = train(tmp_path, setting)

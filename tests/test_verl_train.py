@@ -33,10 +33,12 @@ def stable_metrics(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not any(part in k for part in VOLATILE)} for r in records]
 
 
-def final_weights(run: Path, group: str) -> dict[str, torch.Tensor]:
-    path = run / "checkpoints" / "step_000004" / group / "verl_actor" / "model_world_size_1_rank_0.pt"
-    state = torch.load(path, weights_only=True)
-    return {key: value.full_tensor() if hasattr(value, "full_tensor") else value for key, value in state.items()}
+def final_weights(run: Path, group: str, rank: int = 0, ranks: int = 1) -> dict[str, torch.Tensor]:
+    """One rank's weight shards in the run's step-4 checkpoint of ``group`` (the whole weights with one rank)."""
+    from safetensors.torch import load_file
+
+    actor = run / "checkpoints" / "step_000004" / group / "verl_actor"
+    return load_file(actor / f"model_rank_{rank}_of_{ranks}.safetensors")
 
 
 @pytest.mark.slow  # three runs of two verl groups: ~40 s on two cores

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import pytest
 import ray
+import torch
 
 from tests.conftest import save_tiny_model
+from tests.test_verl_checkpoint_safety import Payload
 from unimas.config import GenerationConfig
 from unimas.config_file import config_from_dict
 from unimas.errors import UserError
@@ -150,6 +152,11 @@ def test_update_sync_reference_and_checkpoint(groups, tmp_path):
     assert ranked.trainer_logprobs(TURNS) == after and ranked.rollout.weight_version == 2
     with pytest.raises(UserError, match="2 ranks"):
         single.load(tmp_path / "ckpt")
+    shard = tmp_path / "ckpt" / "verl_actor" / "model_rank_1_of_2.safetensors"  # a rank's refusal reaches the group
+    torch.save(Payload(tmp_path / "unpickled"), shard)
+    with pytest.raises(UserError) as refused:
+        ranked.load(tmp_path / "ckpt")
+    assert refused.value.where == str(shard) and not (tmp_path / "unpickled").exists()
 
 
 def test_a_rollout_that_cannot_score_is_checked_on_tokens_it_samples(groups):

@@ -16,17 +16,14 @@ import pytest
 import torch
 
 from tests.conftest import EXAMPLES
-from tests.test_verl_train import args, stable_metrics
+from tests.test_verl_train import args, final_weights, stable_metrics
 from unimas.cli import main
 
 CONFIG = str(EXAMPLES / "quickstart_verl_ranks.yaml")
 
 
 def shards(run: Path) -> list[dict[str, torch.Tensor]]:
-    actor = run / "checkpoints" / "step_000004" / "shared" / "verl_actor"
-    loaded = [torch.load(actor / f"model_world_size_2_rank_{rank}.pt", weights_only=True) for rank in (0, 1)]
-    return [{key: value.to_local() if hasattr(value, "to_local") else value for key, value in state.items()}
-            for state in loaded]
+    return [final_weights(run, "shared", rank, ranks=2) for rank in (0, 1)]
 
 
 @pytest.mark.slow  # two runs of a two-rank group: ~2 min on two cores

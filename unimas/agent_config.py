@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 
 class AgentConfig(BaseModel):
@@ -28,6 +28,8 @@ class AgentConfig(BaseModel):
     host: str = Field("127.0.0.1", description="gateway address; anything but loopback requires the per-run "
                       "token (given to the agent as OPENAI_API_KEY)")
     port: int = Field(0, ge=0, le=65535, description="gateway port; 0 = a free port")
+    _config_dir: Optional[str] = PrivateAttr(None)
+    """The directory of the config file (set when loaded from one): `function` modules are also looked up there."""
 
     @model_validator(mode="after")
     def _one_kind(self) -> "AgentConfig":

@@ -11,6 +11,11 @@ verl run and a plugin can add (or shadow) any name:
   cannot drift from the pinned verl.
 * **policy losses** — verl's ``PolicyLossFn`` signature.
 
+Beside verl's inputs, an estimator or a loss may take keyword-only parameters
+(after ``*``), set with ``algorithm.estimator_params`` / ``algorithm.loss_params``
+and checked like every algorithm plugin's (:mod:`unimas.plugin_params`); they
+are bound once, when the name is resolved.
+
 :func:`compose_loss` is the whole objective (nanoGPT-style, in one place)::
 
     loss = policy_loss - entropy_coef * entropy + kl_coef * KL(policy || reference)
@@ -23,6 +28,7 @@ never train should not pay for it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from unimas import plugin_params
 from unimas.config import AlgorithmConfig
 from unimas.errors import UserError
 
@@ -45,6 +52,10 @@ def _core_algos():
     from verl.trainer.ppo import core_algos
 
     return core_algos
+
+
+CRITIC_INPUTS = frozenset({"values", "gamma", "lam"})
+"""What a model group with a critic adds: token-level values, ``algorithm.gamma`` and ``algorithm.lam``."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +75,9 @@ class Estimator:
     @classmethod
     def from_function(cls, name: str, fn: Callable[..., Any], provider: str) -> "Estimator":
         params = inspect.signature(fn).parameters
+        # keyword-only arguments are the estimator's own parameters (estimator_params), not inputs
         required = [key for key, p in params.items()
-                    if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+                    if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
         return cls(name=name, fn=fn, provider=provider, group_normalised="index" in params,
                    needs_critic="values" in params,
                    missing_inputs=tuple(key for key in required if key not in PROVIDED_INPUTS))
@@ -73,6 +85,19 @@ class Estimator:
     @property
     def usable(self) -> bool:
         return not self.needs_critic and not self.missing_inputs
+
+    @property
+    def usable_with_critic(self) -> bool:
+        """Takes values, and everything else it needs a group with a critic provides (docs/critic.md)."""
+        return self.needs_critic and set(self.missing_inputs) <= CRITIC_INPUTS
+
+    def with_values(self, token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
+                    gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns), (rows, tokens), of an estimator that takes values: the critic path."""
+        params = inspect.signature(self.fn).parameters
+        available = {"token_level_rewards": token_level_rewards, "values": values, "response_mask": response_mask,
+                     "gamma": gamma, "lam": lam, "config": _algo_config(float(gamma), True)}
+        return self.fn(**{key: value for key, value in available.items() if key in params})
 
     def __call__(self, scores: torch.Tensor, index: np.ndarray, *, norm_by_std: bool = True,
                  gamma: float = 1.0) -> torch.Tensor:
@@ -101,11 +126,14 @@ def estimators(registry: "Registry") -> dict[str, Estimator]:
     return table
 
 
-def resolve_estimator(name: str, registry: "Registry") -> Estimator:
+def resolve_estimator(name: str, registry: "Registry", params: dict[str, Any] | None = None) -> Estimator:
+    """The estimator ``name`` with its checked ``algorithm.estimator_params`` bound."""
     table = estimators(registry)
     if name not in table:
         raise UserError(f"unknown estimator '{name}'. Known: {', '.join(sorted(table))}", where="algorithm.estimator")
-    return table[name]
+    estimator = table[name]
+    kwargs = plugin_params.bind(estimator.fn, name, params or {}, "algorithm.estimator_params", keyword_only=True)
+    return dataclasses.replace(estimator, fn=functools.partial(estimator.fn, **kwargs)) if kwargs else estimator
 
 
 def policy_losses(registry: "Registry") -> dict[str, Callable[..., Any]]:
@@ -115,11 +143,15 @@ def policy_losses(registry: "Registry") -> dict[str, Callable[..., Any]]:
     return table
 
 
-def resolve_policy_loss(name: str, registry: "Registry", where: str = "algorithm.loss") -> Callable[..., Any]:
+def resolve_policy_loss(name: str, registry: "Registry", where: str = "algorithm.loss",
+                        params: dict[str, Any] | None = None,
+                        params_where: str = "algorithm.loss_params") -> Callable[..., Any]:
+    """The policy loss ``name`` with its checked ``loss_params`` bound."""
     table = policy_losses(registry)
     if name not in table:
         raise UserError(f"unknown policy loss '{name}'. Known: {', '.join(sorted(table))}", where=where)
-    return table[name]
+    kwargs = plugin_params.bind(table[name], name, params or {}, params_where, keyword_only=True)
+    return functools.partial(table[name], **kwargs) if kwargs else table[name]
 
 
 @functools.lru_cache(maxsize=64)
@@ -187,3 +219,12 @@ def compose_loss(
     pg = {key.removeprefix("actor/"): _to_float(value) for key, value in pg_metrics.items()}
     return loss, {"policy_loss": _to_float(pg_loss), "entropy": _to_float(entropy_value),
                   "kl": _to_float(kl_value), "clip_frac": pg.get("pg_clipfrac", 0.0), "ppo_kl": pg.get("ppo_kl", 0.0)}
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, response_mask: torch.Tensor,
+               value_clip: float, loss_agg_mode: str = "token-mean") -> tuple[torch.Tensor, float]:
+    """verl's clipped value loss (``core_algos.compute_value_loss``) and the share of tokens it clipped."""
+    loss, clip_frac = _core_algos().compute_value_loss(vpreds=values, returns=returns, values=old_values,
+                                                       response_mask=response_mask, cliprange_value=value_clip,
+                                                       loss_agg_mode=loss_agg_mode)
+    return loss, _to_float(clip_frac)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,8 +185,9 @@ async def resume(run_dir: RunDir, config: ExperimentConfig, load: Callable[[Path
     over) are cut so the continued run logs each step once.
     """
     for partial in run_dir.partial_checkpoints():
+        run_dir.owned(partial)  # refused before the notice: nothing outside the run is deleted
         notice(f"deleting {partial}: an unfinished checkpoint write (no {COMPLETE})")
-        shutil.rmtree(partial)
+        run_dir.delete(partial)
     for directory in reversed(run_dir.complete_checkpoints()):
         try:
             manifest = verify(directory)

@@ -37,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also run N episodes with stand-in models (random tokens, no weights) through the "
                                "real controller, rewards and credit, and report what they did")
 
-    sub.add_parser("plugins", help="list registered plugins by kind")
+    plugins = sub.add_parser("plugins", help="list registered plugins by kind")
+    plugins.add_argument("--verbose", action="store_true", help="also list each algorithm plugin's parameters "
+                         "with their types, defaults and descriptions")
 
     evaluate = sub.add_parser("eval", help="evaluate a checkpoint without training")
     _config_args(evaluate)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 from collections import defaultdict
 
+from unimas.algorithm_docs import PARAMS_KEYS, parameter_lines
 from unimas.api import train
 from unimas.config_file import dump_config, load_config
 from unimas.dry_run import describe_dry_run, dry_run
@@ -17,7 +18,7 @@ from unimas.groups.transport import start_transport
 from unimas.loggers import build_loggers
 from unimas.metrics import MetricsWriter
 from unimas.process import torch_setup
-from unimas.registry import KINDS, build_registry
+from unimas.registry import KINDS, Registry, build_registry
 from unimas.report import write_report
 from unimas.rundir import RunDir
 from unimas.trainer import Trainer
@@ -41,6 +42,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     registry = build_registry()
     for kind in KINDS:
         print(f"{kind}:")
+        if args.verbose and kind in PARAMS_KEYS:
+            _print_parameters(registry, kind)
+            continue
         by_provider = defaultdict(list)
         for entry in registry.entries[kind].values():
             by_provider[entry.provider].append(entry.name)
@@ -49,6 +53,18 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for line in registry.broken:
         print(f"broken: {line}")
     return 0
+
+
+def _print_parameters(registry: Registry, kind: str) -> None:
+    """Each plugin of an algorithm kind with the parameters it declares (set under ``PARAMS_KEYS[kind]``)."""
+    for name in registry.names(kind):
+        print(f"  {name}  ({registry.provider(kind, name)}; {PARAMS_KEYS[kind]})")
+        try:
+            lines = parameter_lines(kind, name, registry.get(kind, name))
+        except UserError as exc:  # annotations that do not evaluate: the plugin's bug, shown in place
+            lines = [str(exc)]
+        for line in lines:
+            print(f"    {line}")
 
 
 def _dry_run_placement(experiment: Experiment) -> int:

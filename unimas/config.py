@@ -82,6 +82,8 @@ class GroupAlgorithmConfig(Strict):
     """Per-group overrides of the update settings in ``algorithm``; unset (null) keys inherit."""
 
     loss: Optional[str] = Field(None, description="policy loss for this group")
+    loss_params: Optional[dict[str, Any]] = Field(None, description="keyword-only parameters of this group's policy "
+                                                  "loss")
     loss_agg_mode: Optional[str] = Field(None, description="how token losses are reduced for this group")
     clip_ratio: Optional[float] = Field(None, gt=0, description="PPO clip range for this group")
     clip_ratio_low: Optional[float] = Field(None, gt=0, description="lower clip range for this group")
@@ -108,6 +110,17 @@ class SnapshotConfig(Strict):
                                                "refresh: drawn uniformly (seeded), or always the newest")
 
 
+class CriticConfig(Strict):
+    """A learned value model for this group's turns (PPO with GAE, ``algorithm.estimator: gae``; docs/critic.md)."""
+
+    path: Optional[str] = Field(None, description="local Hugging Face model dir of a separate (smaller) critic "
+                                "backbone with the group's tokenizer; null = a copy of the group's initial backbone")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="the critic's own AdamW and learning-rate "
+                               "schedule (one schedule step per update call)")
+    value_clip: float = Field(0.5, gt=0, description="clip range of new values around the values before the "
+                              "update (verl `cliprange_value`)")
+
+
 class ModelGroupConfig(Strict):
     """One set of weights. Several roles may map to it."""
 
@@ -123,6 +136,8 @@ class ModelGroupConfig(Strict):
                                             description="overrides of `algorithm` update settings for this group")
     snapshot: Optional[SnapshotConfig] = Field(None, description="make this frozen group an opponent pool: it "
                                                "plays snapshots of a trainable group (self-play)")
+    critic: Optional[CriticConfig] = Field(None, description="a learned value model for this group's turns "
+                                           "(needed by estimators that take values, e.g. gae; docs/critic.md)")
 
     @model_validator(mode="before")
     @classmethod
@@ -259,11 +274,15 @@ class AlgorithmConfig(Strict):
     """Credit assignment and the policy update (names resolve in plugins, then verl's registries)."""
 
     estimator: str = Field("grpo", description="advantage estimator: a plugin's or verl's (grpo, rloo, ...)")
+    estimator_params: dict[str, Any] = Field(default_factory=dict, description="keyword-only parameters of the "
+                                             "estimator (`unimas plugins --verbose` lists them)")
     grouping: Literal["role", "role_turn", "trajectory"] = Field(
         "role", description="turns normalised together per task: by role, by role and turn index, or all")
     group_size: int = Field(8, ge=1, description="episodes per task per step (G)")
     norm_by_std: bool = Field(True, description="divide group-centred rewards by the group std")
     loss: str = Field("vanilla", description="policy loss: a plugin's or verl's (vanilla = PPO clip, gspo, ...)")
+    loss_params: dict[str, Any] = Field(default_factory=dict, description="keyword-only parameters of the policy "
+                                        "loss, e.g. m2po's `tau` (`unimas plugins --verbose` lists them)")
     loss_agg_mode: str = Field("token-mean", description="verl reduction of token losses: token-mean, token-sum, "
                                "seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm")
     clip_ratio: float = Field(0.2, gt=0, description="PPO clip range (both sides unless overridden)")
@@ -275,6 +294,13 @@ class AlgorithmConfig(Strict):
     ppo_epochs: int = Field(1, ge=1, description="passes over a step's turns")
     mini_batch_size: int = Field(0, ge=0, description="turns per optimiser step; 0 = whole batch")
     gamma: float = Field(1.0, ge=0, le=1, description="discount handed to the estimator (verl `AlgoConfig.gamma`)")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda of estimators that take values (gae): 0 = one-step "
+                       "TD, 1 = the whole return (docs/critic.md)")
+    gae_reward: Literal["last_turn", "every_turn"] = Field(
+        "last_turn", description="GAE over a role's turns: the credit scalar on the role's last turn only, or each "
+        "turn's on its own last token (docs/critic.md)")
+    critic_warmup: int = Field(0, ge=0, description="first update calls of each group in which only its critic "
+                               "trains")
     rollout: Optional[AlgorithmPlugin] = Field(None, description="rollout control (null: `group_size` episodes/task)")
     replay: Optional[AlgorithmPlugin] = Field(None, description="replay buffer mixed into groups (null: none)")
     update_order: Optional[AlgorithmPlugin] = Field(None, description="update order of roles (null: all parallel)")

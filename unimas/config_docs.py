@@ -15,7 +15,7 @@ import inspect
 import json
 import types
 import typing
-from typing import Any, Iterator, Literal, Union
+from typing import Annotated, Any, Iterator, Literal, Union
 
 from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 from pydantic import BaseModel
@@ -58,6 +58,8 @@ def type_name(tp: Any) -> str:
     if optional:
         return f"{type_name(inner)} | null"
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Annotated:  # a constrained type inside a container or union, e.g. Optional[PositiveFloat]
+        return type_name(args[0])
     if origin is Literal:
         return " | ".join(json.dumps(a) for a in args)
     if origin in (Union, types.UnionType):
@@ -75,7 +77,7 @@ def type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _constraints(field: FieldInfo) -> list[str]:
+def constraints(field: FieldInfo) -> list[str]:
     symbols = ((Ge, "ge", ">="), (Gt, "gt", ">"), (Le, "le", "<="), (Lt, "lt", "<"))
     out = []
     for meta in field.metadata:
@@ -155,7 +157,7 @@ def table(model: type[BaseModel], path: str) -> list[str]:
     for name, field in model.model_fields.items():
         key = f"{path}.{field.alias or name}" if path else (field.alias or name)
         kind = f"`{type_name(field.annotation)}`"
-        limits = _constraints(field)
+        limits = constraints(field)
         if limits:
             kind += " (" + ", ".join(limits) + ")"
         lines.append(f"| `{_cell(key)}` | {_cell(kind)} | {_cell(default_text(field))} | "

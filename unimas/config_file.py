@@ -178,7 +178,9 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig
 
 
 def _resolve_relative_paths(config: ExperimentConfig, base: Path) -> ExperimentConfig:
-    """Model paths in a config are relative to the config file, not the cwd."""
+    """Model paths in a config are relative to the config file, not the cwd (and so are agent modules)."""
+    if config.workflow.agent is not None:
+        config.workflow.agent._config_dir = str(base.resolve())
     for group in config.models.values():
         for key in PATH_OPTIONS:
             value = group.options.get(key)
@@ -188,6 +190,9 @@ def _resolve_relative_paths(config: ExperimentConfig, base: Path) -> ExperimentC
                         group.options[key] = str((base / value).resolve())
                 except OSError:  # a name too long for the file system: the backend's options check says so
                     continue
+        critic = group.critic
+        if critic is not None and critic.path and not Path(critic.path).is_absolute() and (base / critic.path).is_dir():
+            critic.path = str((base / critic.path).resolve())
     return config
 
 

@@ -13,6 +13,16 @@ stages, writing each turn's ``reward`` and ``advantage`` exactly once:
 
    where an entry with ``roles: [...]`` only reaches turns of those roles. A
    failed episode (workflow or reward exception) scores 0 everywhere.
+
+   **Range.** A reward value must be a finite number: NaN and ±inf fail the
+   episode (:class:`RewardValueError`). A finite value beyond
+   ±:data:`REWARD_BOUND` (1e6) is clipped to it, and so is each weighted term
+   ``w * R`` and each turn's sum; the trajectory keeps what the plugin
+   returned in ``unclipped_rewards`` and the step counts the clipped values
+   in ``reward/clipped``. Clipping rather than failing, because a reward of
+   1e308 is still a clear signal of "much better", while its square (in a
+   group's std), a sum of two of them, or its float32 copy in the estimator is
+   inf, and that would turn the whole group's advantages into NaN.
 2. **Grouping** (``algorithm.grouping``): which turns are normalised together
    — ``role``: all turns of one role across the G episodes of one task;
    ``role_turn``: also split by the role's turn index; ``trajectory``: all
@@ -42,6 +52,27 @@ from unimas.errors import UserError, describe
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 
+REWARD_BOUND = 1e6
+"""Largest magnitude of a reward value, a weighted term and a turn's reward: values beyond are clipped.
+
+Far above any sensible reward scale, and small enough that sums, squares and
+the float32 tensors of the estimators stay finite."""
+
+
+def is_finite_number(value: Any) -> bool:
+    """An int or float (not a bool) that is not NaN or ±inf; an int too large for a float counts as finite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def clip_reward(value: int | float) -> tuple[float, bool]:
+    """A finite reward value as a float within ±REWARD_BOUND, and whether it had to be clipped."""
+    if abs(value) > REWARD_BOUND:
+        return (REWARD_BOUND if value > 0 else -REWARD_BOUND), True
+    return float(value), False
+
+
 def reward_keys(rewards: Sequence[RewardConfig]) -> list[str]:
     """Stable names under which each reward entry's value is stored (``name``, or ``name#i`` when repeated)."""
     counts = Counter(r.name for r in rewards)
@@ -54,6 +85,9 @@ class CreditedTurn:
     turn: TurnNode
     key: str
     """Group key: turns with the same key are normalised together."""
+    signal: float = 0.0
+    """The turn's credit scalar handed to the estimator (the shaper's signal, else its reward); a group with a
+    critic puts it on the turn's last token for GAE (docs/critic.md)."""
 
     @property
     def reward(self) -> float:
@@ -84,12 +118,13 @@ class CreditAssigner:
         """``algorithm.credit``'s per-turn signal (it may rewrite keys); set by :class:`unimas.rollout.Rollout`."""
 
     # -- 1. allocation ------------------------------------------------------
-    def _score(self, trajectory: GraphTrajectory, spec: RewardConfig) -> Any:
-        """One reward plugin on one episode, its return value checked against the level.
+    def _score(self, trajectory: GraphTrajectory, key: str, spec: RewardConfig) -> Any:
+        """One reward plugin on one episode, its return value checked against the level and clipped.
 
         A wrong shape, a NaN or a key the run does not have raises
         :class:`RewardValueError`: a reward that misbehaves on some inputs fails
-        those episodes, like a reward that raises.
+        those episodes, like a reward that raises. A value beyond
+        ±``REWARD_BOUND`` is clipped; the original goes to ``trajectory.unclipped_rewards[key]``.
         """
         function = self.functions[spec.name]
         value = function(trajectory, trajectory.task, **spec.params)
@@ -97,7 +132,10 @@ class CreditAssigner:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise RewardValueError(f"returned {type(value).__name__}; at level 'trajectory' it must return a "
                                        "number", function)
-            return _finite(float(value), function)
+            counted, clipped = clip_reward(_finite(value, function))
+            if clipped:
+                trajectory.unclipped_rewards[key] = _original(value)
+            return counted
         if not isinstance(value, Mapping):
             raise RewardValueError(f"returned {type(value).__name__}; at level '{spec.level}' it must return a dict "
                                    f"of {spec.level} -> number", function)
@@ -107,47 +145,62 @@ class CreditAssigner:
             noun = "roles" if spec.level == "role" else "turn node ids in this episode"
             raise RewardValueError(f"returned {', '.join(map(repr, unknown))}, which are not {noun} (known: "
                                    f"{', '.join(sorted(known)) or 'none'}); its value would reach no turn", function)
-        scored = {}
+        scored, originals = {}, {}
         for k, v in value.items():
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise RewardValueError(f"returned {type(v).__name__} for {k!r}; values must be numbers", function)
-            scored[str(k)] = _finite(float(v), function)
+            scored[str(k)], clipped = clip_reward(_finite(v, function))
+            if clipped:
+                originals[str(k)] = _original(v)
+        if originals:
+            trajectory.unclipped_rewards[key] = originals
         return scored
 
     def allocate(self, trajectories: Sequence[GraphTrajectory]) -> dict[str, float]:
-        """Score every episode and write each turn's ``reward``; returns ``reward/<key>/<role>`` means.
+        """Score every episode and write each turn's ``reward``; returns ``reward/<key>/<role>`` means and
+        ``reward/clipped``.
 
         A reward that raises, returns the wrong shape or a non-finite number
         fails its episode (recorded with the file and line of the reward's
-        code); the run goes on unless the failure budget is spent.
+        code); the run goes on unless the failure budget is spent. Values
+        beyond ±``REWARD_BOUND`` are clipped and counted (see the module docstring).
         """
         sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])  # (key, role) -> [sum, count]
+        clipped = 0
         for trajectory in trajectories:
+            trajectory.unclipped_rewards = {}  # scoring again (rollout.score, then credit) starts afresh
             for key, spec in self.entries:
                 if trajectory.failed:
                     break
                 try:
-                    trajectory.rewards[key] = self._score(trajectory, spec)
+                    trajectory.rewards[key] = self._score(trajectory, key, spec)
                 except UserError:
                     raise
                 except (Exception, SystemExit) as exc:  # noqa: BLE001 - a reward bug fails the episode, not the run
                     trajectory.fail(f"reward '{spec.name}' (rewards.{key}): {describe(exc)}", exc)
             if trajectory.failed:
                 trajectory.rewards = {key: 0.0 if spec.level == "trajectory" else {} for key, spec in self.entries}
+                trajectory.unclipped_rewards = {}
+            clipped += sum(len(v) if isinstance(v, dict) else 1 for v in trajectory.unclipped_rewards.values())
             for turn in trajectory.turns():
-                reward = 0.0
+                reward, beyond = 0.0, False
                 for key, spec in self.entries:
                     if spec.roles is not None and turn.role not in spec.roles:
                         continue
                     value = trajectory.rewards[key]
                     part = value if spec.level == "trajectory" else value.get(
                         turn.role if spec.level == "role" else turn.id, 0.0)
-                    reward += spec.weight * part
+                    term, over = clip_reward(spec.weight * part)  # a large weight can overflow to ±inf: clipped
+                    reward += term
+                    beyond |= over
                     tally = sums[key, turn.role]
                     tally[0] += part
                     tally[1] += 1
-                turn.reward = reward
-        return {f"reward/{key}/{role}": total / count for (key, role), (total, count) in sums.items()}
+                turn.reward, over = clip_reward(reward)
+                clipped += beyond or over
+        metrics = {f"reward/{key}/{role}": total / count for (key, role), (total, count) in sums.items()}
+        metrics["reward/clipped"] = float(clipped)
+        return metrics
 
     # -- 2. grouping --------------------------------------------------------
     def group_key(self, trajectory: GraphTrajectory, turn: TurnNode, grouping: str | None = None) -> str:
@@ -174,17 +227,19 @@ class CreditAssigner:
         algorithm = self.config.algorithm
         signal = self.shaper(turns) if self.shaper is not None else [c.turn.reward for c in turns]
         scores = torch.tensor([[value] for value in signal], dtype=torch.float32)
-        if self.estimator.fn is _verl_grpo():
+        if self.estimator.needs_critic:  # per-token advantages come from the groups' critics (docs/critic.md)
+            advantages = torch.zeros_like(scores)
+        elif self.estimator.fn is _verl_grpo():
             advantages = grouped_advantages(scores, [c.key for c in turns], algorithm.norm_by_std)
         else:
             index = np.array([c.key for c in turns], dtype=object)
             advantages = self.estimator(scores, index, norm_by_std=algorithm.norm_by_std, gamma=algorithm.gamma)
-        for credited, value in zip(turns, advantages[:, 0].tolist()):
-            credited.turn.advantage = value
-        finite = [c for c in turns if math.isfinite(c.turn.advantage)]
+        for credited, value, credit in zip(turns, advantages[:, 0].tolist(), scores[:, 0].tolist()):
+            credited.turn.advantage, credited.signal = value, credit
+        finite = [c for c in turns if math.isfinite(c.turn.advantage) and math.isfinite(c.signal)]
         metrics["credit/nonfinite_advantages"] = float(len(turns) - len(finite))  # they never reach an optimiser
         if finite:
-            metrics.update(_diagnostics(finite))
+            metrics.update(_diagnostics(finite, per_turn_advantages=not self.estimator.needs_critic))
         return Credit(finite, metrics)
 
 
@@ -236,26 +291,37 @@ def _source(function: Callable[..., Any]) -> str:
         return repr(function)
 
 
-def _finite(value: float, function: Callable[..., Any]) -> float:
-    if not math.isfinite(value):
+def _finite(value: int | float, function: Callable[..., Any]) -> int | float:
+    if not is_finite_number(value):
         raise RewardValueError(f"returned {value}; rewards must be finite", function)
     return value
 
 
-def _diagnostics(turns: list[CreditedTurn]) -> dict[str, float]:
-    """Share of groups whose rewards are all equal (no learning signal), overall and per role; advantage spread."""
+def _original(value: int | float) -> float | str:
+    """A clipped value as the trajectory records it: the float, or for an int beyond any float, its size in words
+    (JSON and ``str`` refuse integers of over 4300 digits)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
+
+
+def _diagnostics(turns: list[CreditedTurn], per_turn_advantages: bool = True) -> dict[str, float]:
+    """Share of groups whose rewards are all equal (no learning signal), overall and per role; advantage spread
+    (not with a critic: its advantages are per token, reported by the groups as ``critic/advantage_std/<role>``)."""
     rewards: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))  # role -> key -> rewards
-    advantages: dict[str, list[float]] = defaultdict(list)
+    spread: dict[str, list[float]] = defaultdict(list)
     for c in turns:
         rewards[c.turn.role][c.key].append(c.turn.reward)
-        advantages[c.turn.role].append(c.turn.advantage)
+        spread[c.turn.role].append(c.turn.advantage)
     pooled: dict[str, list[float]] = defaultdict(list)
     metrics: dict[str, float] = {}
     for role, groups in rewards.items():
         flat = sum(max(values) - min(values) < 1e-8 for values in groups.values())
         metrics[f"role/{role}/zero_variance_frac"] = flat / len(groups)
-        values = advantages[role]
-        metrics[f"role/{role}/advantage_std"] = float(np.std(values)) if len(values) > 1 else 0.0
+        if per_turn_advantages:
+            values = spread[role]
+            metrics[f"role/{role}/advantage_std"] = float(np.std(values)) if len(values) > 1 else 0.0
         for key, values in groups.items():
             pooled[key].extend(values)
     flat = sum(max(values) - min(values) < 1e-8 for values in pooled.values())

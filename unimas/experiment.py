@@ -54,7 +54,7 @@ class Experiment:
         rewards = {r.name: registry.get("rewards", r.name, where=f"rewards[{i}].name")
                    for i, r in enumerate(config.rewards)}
         registry.get("datasets", config.data.name, where="data.name")
-        estimator = resolve_estimator(config.algorithm.estimator, registry)
+        estimator = resolve_estimator(config.algorithm.estimator, registry, config.algorithm.estimator_params)
         parsers = {}
         for name, role in config.roles.items():
             if role.parser is not None:

@@ -169,6 +169,9 @@ def unimas_estimators() -> dict[str, EstimatorFn]:
     it normalises within groups (``group_size`` must be >= 2); ``values`` means
     it needs a critic, and any other required parameter unimas does not
     provide makes it unusable — both are rejected by ``unimas validate``.
+    Keyword-only arguments (after ``*``) are the estimator's own parameters,
+    set with ``algorithm.estimator_params`` and checked against their type
+    annotations (:mod:`unimas.plugin_params`).
 
     Example::
 
@@ -194,7 +197,9 @@ def unimas_policy_losses() -> dict[str, PolicyLossFn]:
     on ``(turns, tokens)`` tensors; ``config`` is a verl ``ActorConfig`` with
     the clip ratios. ``algorithm.loss`` (or ``models.<group>.algorithm.loss``)
     names it; unimas adds the entropy bonus and the KL term around it (see
-    :func:`unimas.algorithms.compose_loss`), in every backend.
+    :func:`unimas.algorithms.compose_loss`), in every backend. Keyword-only
+    arguments (after ``*``) are the loss's own parameters, set with
+    ``algorithm.loss_params`` and checked against their type annotations.
 
     Example::
 
@@ -239,6 +244,11 @@ def unimas_backends() -> dict[str, Backend]:
 
 
 # -- algorithm hooks: each returns {name: factory}; ``factory(**params)`` makes the object for one run ----------
+#
+# ``params`` (``algorithm.<key>.params``) are checked before anything runs against a pydantic model made
+# from the factory's annotated signature, or against the model in its ``params`` attribute; untyped
+# parameters (and the extra names of a factory with ``**kwargs``) pass through unchecked
+# (:mod:`unimas.plugin_params`, docs/algorithms.md "Typed parameters").
 
 
 @hookspec
@@ -250,7 +260,9 @@ def unimas_rollout_controls() -> dict[str, Callable[..., Any]]:
     :mod:`unimas.rollout`): it turns a step's episode specs into trajectories,
     and may fork recorded episodes at a turn (``await session.fork([(parent,
     k, siblings)])``), score them early (``session.score``) and spend more or
-    fewer samples per task.
+    fewer samples per task. A control that forks sets ``uses_forks = True``
+    on its factory, so ``unimas validate`` refuses it for a ``workflow.agent``
+    program, whose episodes cannot be forked.
 
     Example::
 

@@ -47,6 +47,7 @@ def rollout_metrics(trajectories: list[GraphTrajectory], roles: Iterable[str],
         metrics[prefix + "format_error_rate"] = _mean([float(t.parse_error is not None) for t in turns])
         metrics[prefix + "response_length"] = _mean([float(len(t.response_ids)) for t in turns])
         metrics[prefix + "truncated_prompts"] = _mean([float(t.truncated) for t in turns])
+        metrics[prefix + "rerendered_turns"] = float(sum(t.rerendered is not None for t in turns))
         metrics[prefix + "turns"] = float(len(turns))
     metrics["episode/turns"] = _mean([float(len(t.turns())) for t in trajectories])
     metrics["episode/tool_calls"] = _mean([float(len(t.tool_calls())) for t in trajectories])

@@ -20,6 +20,9 @@ Checkpoints. Saving step ``N`` first lets every rollout in flight finish;
 the finished rollouts not yet trained (steps ``N+1 .. N+depth``) are written
 into the checkpoint (:data:`PENDING`, one trajectory per line) and trained,
 not regenerated, after a resume: no step is lost and no turn trained twice.
+Each line is checked on load (:class:`PendingRollout`): a rollout recorded
+for a step the checkpoint already trained, or played by a role this run does
+not have, makes the checkpoint unusable instead of being dropped or trained.
 """
 
 from __future__ import annotations
@@ -28,10 +31,14 @@ import asyncio
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, Collection
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from unimas.config import ExperimentConfig
 from unimas.credit import CreditedTurn
+from unimas.errors import UserError
+from unimas.safe_load import parse_json_line, reading
 from unimas.trajectory import GraphTrajectory
 
 PENDING = "pending_rollouts.jsonl"
@@ -41,6 +48,44 @@ PENDING = "pending_rollouts.jsonl"
 def pipeline_depth(config: ExperimentConfig) -> int:
     """How many steps rollouts run ahead of updates: the largest ``max_staleness`` of a trainable group."""
     return max((config.algorithm_for(g).max_staleness for g, m in config.models.items() if m.trainable), default=0)
+
+
+class PendingRollout(BaseModel):
+    """One line of :data:`PENDING`: a finished, untrained episode and the (0-based) step it belongs to."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    step: int = Field(ge=0)
+    episode: dict[str, Any]
+
+
+def read_pending(directory: Path, checkpoint_step: int, roles: Collection[str]) -> dict[int, list[GraphTrajectory]]:
+    """The rollouts a checkpoint of ``checkpoint_step`` saved, by step; none when it has no :data:`PENDING`.
+
+    A line that does not parse, an episode of a step the checkpoint already
+    trained (0-based step below ``checkpoint_step``) or of a role not in
+    ``roles`` is a :class:`UserError` naming the file and line.
+    """
+    path = directory / PENDING
+    if not path.exists():
+        return {}
+    ready: dict[int, list[GraphTrajectory]] = defaultdict(list)
+    with reading(path):
+        lines = path.read_text(encoding="utf-8").splitlines()
+    for number, text in enumerate(lines, 1):
+        record = parse_json_line(text, PendingRollout, path, number)
+        where = f"{path}:{number}"
+        if record.step < checkpoint_step:
+            raise UserError(f"a rollout of step {record.step + 1}, which the checkpoint of step {checkpoint_step} "
+                            "already trained (copied from another checkpoint or run?): refused, not dropped",
+                            where=where)
+        with reading(Path(where)):
+            episode = GraphTrajectory.from_dict(record.episode)
+        strangers = sorted({turn.role for turn in episode.turns()} - set(roles))
+        if strangers:
+            raise UserError(f"an episode played by role(s) {', '.join(strangers)}, which this run does not have "
+                            "(another run's file?)", where=where)
+        ready[record.step].append(episode)
+    return dict(ready)
 
 
 class RolloutPipeline:
@@ -88,15 +133,9 @@ class RolloutPipeline:
                     handle.write(json.dumps({"step": step, "episode": trajectory.to_dict()},
                                             separators=(",", ":"), default=str) + "\n")
 
-    def load(self, directory: Path) -> None:
-        """The rollouts a checkpoint saved; none when it has no :data:`PENDING` (a synchronous run's)."""
-        self.ready = defaultdict(list)
-        path = directory / PENDING
-        if path.exists():
-            for line in path.read_text().splitlines():
-                record = json.loads(line)
-                self.ready[int(record["step"])].append(GraphTrajectory.from_dict(record["episode"]))
-        self.ready = dict(self.ready)
+    def load(self, ready: dict[int, list[GraphTrajectory]]) -> None:
+        """Continue with the rollouts a checkpoint saved (:func:`read_pending`)."""
+        self.ready = dict(ready)
 
 
 class WeightVersions:

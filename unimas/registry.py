@@ -32,6 +32,11 @@ KINDS = ("workflows", "rewards", "tools", "datasets", "parsers", "estimators", "
 HOOK_NAMES = tuple(f"unimas_{kind}" for kind in KINDS)
 
 
+def singular(kind: str) -> str:
+    """``policy_losses`` -> ``policy loss``, ``rollout_controls`` -> ``rollout control``: a kind named in a message."""
+    return kind.removesuffix("es" if kind.endswith("sses") else "s").replace("_", " ")
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
@@ -51,7 +56,7 @@ class Registry:
             return self.entries[kind][name].obj
         except KeyError:
             known = ", ".join(sorted(self.entries[kind])) or "none"
-            raise UserError(f"unknown {kind[:-1].replace('_', ' ')} '{name}'. Registered {kind}: {known}. "
+            raise UserError(f"unknown {singular(kind)} '{name}'. Registered {kind}: {known}. "
                             f"Install the plugin that provides it or list its module under 'plugins:'"
                             f"{self.broken_hint()}", where=where) from None
 
@@ -143,7 +148,7 @@ def build_registry(extra_modules: Iterable[str] = ()) -> Registry:
                 existing = registry.entries[kind].get(name)
                 if existing is not None:
                     raise UserError(
-                        f"{kind[:-1]} '{name}' is provided twice: by {existing.provider} and by {provider}. "
+                        f"{singular(kind)} '{name}' is provided twice: by {existing.provider} and by {provider}. "
                         "Uninstall one of them or rename the plugin's entry."
                     )
                 registry.entries[kind][name] = Entry(name, kind, obj, provider)

@@ -19,9 +19,14 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from unimas import plugin_params
 from unimas.controller.episodes import Controller, EpisodeSpec
 from unimas.controller.forking import fork_specs
 from unimas.errors import UserError
+from unimas.registry import singular
+from unimas.safe_load import load_json, reading
 from unimas.trajectory import GraphTrajectory
 
 if TYPE_CHECKING:
@@ -33,6 +38,15 @@ if TYPE_CHECKING:
 
 REPLAY_STATE = "replay_state.json"
 """In a checkpoint: the replay buffer's contents and the last step's episodes it has yet to observe."""
+
+
+class ReplayState(BaseModel):
+    """:data:`REPLAY_STATE`: the last collected step's episodes (JSON each) and the buffer's own ``state()``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    previous_step: int = Field(ge=0)
+    previous: list[str]
+    buffer: Any = None
 
 
 class RolloutControl(Protocol):
@@ -113,19 +127,25 @@ class Rollout:
             "previous_step": self._previous_step, "previous": [t.to_json() for t in self._previous],
             "buffer": state() if state is not None else None}))
 
-    def load(self, directory: Path) -> None:
-        """Restore what :meth:`save` wrote (a checkpoint without it: the buffer starts empty)."""
+    def load(self, directory: Path, last_step: int) -> None:
+        """Restore what :meth:`save` wrote (a checkpoint without it: the buffer starts empty).
+
+        ``last_step``: the newest (0-based) step the checkpoint collected
+        episodes for; episodes recorded as observed later come from another
+        checkpoint or run, and are refused with the file named.
+        """
         path = directory / REPLAY_STATE
         if self.replay is None or not path.exists():
             return
-        try:
-            state = json.loads(path.read_text())
-            self._previous_step = int(state["previous_step"])
-            self._previous = [GraphTrajectory.from_json(text) for text in state["previous"]]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise UserError(f"cannot read the replay state: {type(exc).__name__}: {exc}", where=str(path)) from None
-        if state["buffer"] is not None and hasattr(self.replay, "load_state"):
-            self.replay.load_state(state["buffer"])
+        state = load_json(path, ReplayState)
+        if state.previous_step > last_step:
+            raise UserError(f"previous_step {state.previous_step}: the checkpoint collected episodes up to step "
+                            f"{last_step} only (copied from another checkpoint or run?)", where=str(path))
+        with reading(path):
+            previous = [GraphTrajectory.from_json(text) for text in state.previous]
+            if state.buffer is not None and hasattr(self.replay, "load_state"):
+                self.replay.load_state(state.buffer)
+        self._previous_step, self._previous = state.previous_step, previous
 
     async def collect(self, specs: list[EpisodeSpec], step: int) -> list[GraphTrajectory]:
         """The step's trajectories: the control's (or ``specs`` run as they are), then replayed ones mixed in."""
@@ -145,11 +165,16 @@ class Rollout:
 
 
 def _build(registry: Any, kind: str, entry: "AlgorithmPlugin | None", where: str) -> Any:
-    """The object a plugin's factory makes from its params; a bad parameter is the user's mistake."""
+    """The object a plugin's factory makes from its checked params (:mod:`unimas.plugin_params`).
+
+    ``unimas validate`` has checked the params the same way; a factory that
+    still refuses them (a check its types do not express) is the user's mistake too.
+    """
     if entry is None:
         return None
     factory = registry.get(kind, entry.name, where=f"{where}.name")
+    kwargs = plugin_params.bind(factory, entry.name, entry.params, f"{where}.params")
     try:
-        return factory(**entry.params)
+        return factory(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise UserError(f"{kind[:-1].replace('_', ' ')} '{entry.name}': {exc}", where=f"{where}.params") from None
+        raise UserError(f"{singular(kind)} '{entry.name}': {exc}", where=f"{where}.params") from None

@@ -8,9 +8,16 @@
       trajectories/train.jsonl    sampled training episodes (graph JSON)
       trajectories/eval.jsonl     evaluation episodes
       checkpoints/step_000050/    one dir per model group + trainer_state.json + manifest.json
-                                  + COMPLETE (written last: marks a finished checkpoint)
+                                  (+ pending_rollouts.jsonl, replay_state.json, snapshot_pools.json
+                                  when the run has them) + COMPLETE (written last: marks a finished checkpoint)
+      snapshots/<group>/step_N/   a snapshot pool's weights (unimas/snapshots.py)
       checkpoints/damaged-step_N/ a damaged checkpoint a resume skipped (kept for inspection)
       report.html, plots/*.png    written by `unimas report`
+
+Every path a run writes or deletes goes through :meth:`RunDir.owned`: it must
+resolve (symlinks followed) inside the run directory, so a symlinked
+``checkpoints/``, checkpoint or snapshot pool that points elsewhere is
+refused (exit 2) before anything there is changed.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
 from unimas.errors import UserError
+from unimas.safe_load import load_json
 
 
 @dataclass(frozen=True)
@@ -41,23 +51,38 @@ class RunDir:
         return cls(root)
 
     def create(self) -> "RunDir":
-        (self.root / "trajectories").mkdir(parents=True, exist_ok=True)
-        (self.root / "checkpoints").mkdir(exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.owned(self.root / "trajectories").mkdir(exist_ok=True)
+        self.owned(self.root / "checkpoints").mkdir(exist_ok=True)
         return self
+
+    def owned(self, path: Path) -> Path:
+        """``path``, once it is sure to resolve inside the run directory; a :class:`UserError` naming it if not.
+
+        The run writes and deletes only what it owns: a symlink (or ``..``) that
+        leads out of the run directory would make a checkpoint write, a pruning
+        or a snapshot pool's deletions land in someone else's files.
+        """
+        root, resolved = self.root.resolve(), Path(path).resolve()
+        if resolved != root and root not in resolved.parents:
+            raise UserError(f"resolves to {resolved}, outside the run directory {root} (a symlink?): unimas writes "
+                            "and deletes only inside its run directory, so it refuses to touch it; nothing there "
+                            "was changed", where=str(path))
+        return Path(path)
 
     @property
     def config(self) -> Path:
-        return self.root / "config.yaml"
+        return self.owned(self.root / "config.yaml")
 
     @property
     def metrics(self) -> Path:
-        return self.root / "metrics.jsonl"
+        return self.owned(self.root / "metrics.jsonl")
 
     def trajectories(self, split: str) -> Path:
-        return self.root / "trajectories" / f"{split}.jsonl"
+        return self.owned(self.root / "trajectories" / f"{split}.jsonl")
 
     def checkpoint(self, step: int) -> Path:
-        return self.root / "checkpoints" / f"step_{step:06d}"
+        return self.owned(self.root / "checkpoints" / f"step_{step:06d}")
 
     def _checkpoint_dirs(self) -> list[Path]:
         found = (self.root / "checkpoints").glob("step_*")
@@ -82,15 +107,19 @@ class RunDir:
         while target.exists():
             suffix += 1
             target = checkpoint.with_name(f"damaged-{checkpoint.name}-{suffix}")
-        checkpoint.rename(target)
+        self.owned(checkpoint).rename(self.owned(target))
         return target
+
+    def delete(self, path: Path) -> None:
+        """Remove a directory the run owns (see :meth:`owned`)."""
+        shutil.rmtree(self.owned(path))
 
     def prune(self, keep: int) -> None:
         """Delete all but the newest ``keep`` complete checkpoints (0 = keep all); the marker goes
         first, so a deletion cut off midway leaves a partial checkpoint, never a damaged complete one."""
         for old in self.complete_checkpoints()[:-keep] if keep else []:
-            (old / COMPLETE).unlink()
-            shutil.rmtree(old)
+            (self.owned(old) / COMPLETE).unlink()
+            self.delete(old)
 
     def truncate_logs(self, step: int) -> None:
         """Cut metrics and trajectories after ``step`` (-1: everything), and any torn last line.
@@ -131,19 +160,37 @@ def _truncate_after(path: Path, step: int, step_of: Callable[[dict[str, Any]], A
         handle.truncate(keep)
 
 
-def write_trainer_state(directory: Path, state: dict[str, Any]) -> None:
-    (directory / "trainer_state.json").write_text(json.dumps(state, indent=2))
+TRAINER_STATE = "trainer_state.json"
+
+
+class TrainerState(BaseModel):
+    """``trainer_state.json``: where the loop stood when the checkpoint was written."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    step: int = Field(ge=0, description="the checkpoint's step (steps trained)")
+    failed_steps_in_a_row: int = Field(0, ge=0)
+    weight_versions: dict[str, NonNegativeInt] | None = Field(
+        None, description="each group's update count; absent in states written before versions were counted")
+
+
+def write_trainer_state(directory: Path, state: TrainerState) -> None:
+    (directory / TRAINER_STATE).write_text(json.dumps(state.model_dump(exclude_none=True), indent=2))
 
 
 def mark_complete(directory: Path) -> None:
     (directory / COMPLETE).write_text("ok\n")
 
 
-def read_trainer_state(directory: Path) -> dict[str, Any]:
-    path = directory / "trainer_state.json"
-    try:
-        state = json.loads(path.read_text())
-        int(state["step"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"cannot read the trainer state: {type(exc).__name__}: {exc}", where=str(path)) from None
+def checkpoint_step(directory: Path) -> int | None:
+    """The step a ``step_N`` directory's name gives; None for a checkpoint copied under another name."""
+    return int(directory.name[5:]) if STEP_DIR.fullmatch(directory.name) else None
+
+
+def read_trainer_state(directory: Path, step: int | None) -> TrainerState:
+    """The trainer state of the checkpoint of ``step`` (None: not known); another step's state is refused."""
+    path = directory / TRAINER_STATE
+    state = load_json(path, TrainerState)
+    if step is not None and state.step != step:
+        raise UserError(f"records step {state.step}, but it sits in the checkpoint of step {step} (copied from "
+                        "another checkpoint or run?)", where=str(path))
     return state

@@ -7,8 +7,17 @@ The isolation comes from bubblewrap (``bwrap``, the Debian/Ubuntu package
   network at all, the code sees only its own processes, and it runs as an
   unprivileged uid (when unimas runs as root, the sandbox is started as
   ``nobody`` so that the kernel's process-count limit applies);
-* the host file system read-only, with ``/home``, ``/root`` and ``$HOME``
-  hidden behind empty tmpfs mounts; the only writable places are the
+* no Unix socket of the host: a seccomp filter (:mod:`unimas.sandbox_seccomp`,
+  built with libseccomp, installed by ``bwrap --seccomp``) refuses to create
+  Unix sockets, so no daemon's socket file is reachable wherever it lies in
+  the host tree, and abstract sockets stay behind the network namespace.
+  Hiding directories could not promise this: ``connect()`` needs only write
+  permission on the socket file, which a read-only mount does not remove,
+  and sockets can sit anywhere (``/var``, a checkout, an interpreter prefix).
+  Without libseccomp the sandbox counts as unavailable;
+* the host file system read-only, with ``/home``, ``/root``, ``$HOME``,
+  ``/tmp`` and ``/run`` (daemons' sockets and, in containers, mounted
+  secrets) hidden behind empty tmpfs mounts; the only writable places are the
   throwaway working directory ``/tmp/work`` (a size-limited tmpfs, gone when
   the run ends) and ``/dev/shm`` (also a small tmpfs);
 * a cleared environment: ``PATH``, ``HOME``, ``LANG`` and
@@ -23,9 +32,10 @@ The isolation comes from bubblewrap (``bwrap``, the Debian/Ubuntu package
 Without bubblewrap, :func:`run_python` refuses (status ``refused``) unless
 the caller passes ``allow_fallback=True``: then the code runs with the same
 rlimits, scrubbed environment and temporary directory but *without*
-namespaces — it can reach the network, read any file the (unprivileged) user
-can read, and write wherever that user may write. ``docs/workflows/sandbox.md``
-describes both modes.
+namespaces and without the seccomp filter — it can reach the network and the
+host's Unix sockets (a daemon listening on one can be driven), read any file
+the (unprivileged) user can read, and write wherever that user may write.
+``docs/workflows/sandbox.md`` describes both modes.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 
+from unimas import sandbox_seccomp
 from unimas.errors import UserError
 from unimas.sandbox_io import Capture, feed, kill_group
 
@@ -51,11 +62,12 @@ MAX_STDIN_BYTES = 8 << 20
 WORKDIR = "/tmp/work"               # the working directory inside the sandbox
 SANDBOX_UID = 1000                  # uid/gid the code sees inside the user namespace
 UNPRIVILEGED_UID = 65534            # `nobody`: the host uid used when unimas itself runs as root
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install "
-                "bubblewrap`), or accept the weaker fallback without namespaces explicitly "
-                "(`allow_fallback=True`, `unimas sandbox --allow-fallback`), see docs/workflows/sandbox.md")
-FALLBACK_NOTE = ("weaker fallback: no bubblewrap namespaces, so the code can use the network and read and write "
-                 "whatever the sandbox user may; only rlimits, a scrubbed environment and a temporary directory apply")
+INSTALL_HINT = ("install bubblewrap and libseccomp (Debian/Ubuntu: `apt-get install bubblewrap libseccomp2`; "
+                "Fedora: `dnf install bubblewrap libseccomp`), or accept the weaker fallback without namespaces "
+                "explicitly (`allow_fallback=True`, `unimas sandbox --allow-fallback`), see docs/workflows/sandbox.md")
+FALLBACK_NOTE = ("weaker fallback: no bubblewrap namespaces and no seccomp filter, so the code can use the network "
+                 "and the host's Unix sockets and read and write whatever the sandbox user may; only rlimits, a "
+                 "scrubbed environment and a temporary directory apply")
 
 # Runs inside the sandbox before the untrusted code: sets the rlimits, then replaces itself with main.py.
 # main.py runs with -E -s -B: `-I` without its safe-path part, so files next to main.py can be imported.
@@ -169,6 +181,8 @@ def _probe(mode: str) -> tuple[str | None, str]:
 def _find_interpreter(mode: str) -> tuple[str | None, str]:
     if mode == "bwrap" and not shutil.which("bwrap"):
         return None, "bubblewrap (`bwrap`) is not installed"
+    if mode == "bwrap" and sandbox_seccomp.program()[0] is None:
+        return None, sandbox_seccomp.program()[1]
     if sys.platform != "linux":
         return None, f"the sandbox needs Linux (this is {sys.platform})"
     reasons = []
@@ -241,16 +255,17 @@ def _env(home: str) -> dict[str, str]:
 
 
 def _hidden_dirs() -> list[str]:
-    """Host directories replaced by empty tmpfs mounts: where users keep credentials."""
+    """Host directories replaced by empty tmpfs mounts: where users keep credentials, and ``/run`` (daemons'
+    sockets, a container's mounted secrets)."""
     hidden = []
-    for path in ("/home", "/root", os.path.expanduser("~")):
+    for path in ("/home", "/root", os.path.expanduser("~"), "/run", "/var/run"):
         path = os.path.realpath(path)
         if os.path.isdir(path) and path != "/" and path not in hidden:
             hidden.append(path)
     return hidden
 
 
-def _bwrap_command(interpreter: str, launcher_args: list[str], file_fds: dict[str, int],
+def _bwrap_command(interpreter: str, launcher_args: list[str], file_fds: dict[str, int], seccomp_fd: int,
                    limits: SandboxLimits) -> list[str]:
     tmpfs_bytes = str(max(64, 4 * limits.max_file_mb) << 20)
     cmd = ["bwrap", "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
@@ -269,7 +284,7 @@ def _bwrap_command(interpreter: str, launcher_args: list[str], file_fds: dict[st
         if parent != WORKDIR:
             cmd += ["--dir", parent]
         cmd += ["--file", str(fd), f"{WORKDIR}/{name}"]
-    cmd += ["--chdir", WORKDIR, "--clearenv"]
+    cmd += ["--seccomp", str(seccomp_fd), "--chdir", WORKDIR, "--clearenv"]
     for key, value in _env(WORKDIR).items():
         cmd += ["--setenv", key, value]
     return cmd + ["--", interpreter, "-I", "-c", _LAUNCHER, *launcher_args]
@@ -284,6 +299,16 @@ def _processes_of(uid: int) -> int:
             except OSError:
                 pass
     return count
+
+
+def _readable_fd(data: bytes, opened: list) -> int:
+    """A rewound temporary file holding ``data``, for bwrap to read through an inherited descriptor."""
+    handle = tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes everything in ``opened``
+    handle.write(data)
+    handle.flush()
+    handle.seek(0)
+    opened.append(handle)
+    return handle.fileno()
 
 
 def _execute(mode: str, interpreter: str, source: str, files: dict[str, str], stdin: str,
@@ -302,16 +327,14 @@ def _execute(mode: str, interpreter: str, source: str, files: dict[str, str], st
     workdir = None
     try:
         if mode == "bwrap":
-            fds = {}
-            for name, text in all_files.items():
-                handle = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
-                handle.write(text.encode("utf-8", "surrogatepass"))
-                handle.flush()
-                handle.seek(0)
-                opened.append(handle)
-                fds[name] = handle.fileno()
-            cmd = _bwrap_command(interpreter, launcher_args, fds, limits)
-            popen = {"pass_fds": tuple(fds.values()), "env": _env(WORKDIR), "cwd": "/"}
+            filter_program, why = sandbox_seccomp.program()
+            if filter_program is None:
+                return _refused(f"the code sandbox is unavailable: {why}")
+            fds = {name: _readable_fd(text.encode("utf-8", "surrogatepass"), opened)
+                   for name, text in all_files.items()}
+            seccomp_fd = _readable_fd(filter_program, opened)
+            cmd = _bwrap_command(interpreter, launcher_args, fds, seccomp_fd, limits)
+            popen = {"pass_fds": (*fds.values(), seccomp_fd), "env": _env(WORKDIR), "cwd": "/"}
         else:
             workdir = tempfile.mkdtemp(prefix="unimas-sandbox-")
             for name, text in all_files.items():

@@ -15,21 +15,50 @@ that fell out of the pool are deleted only once a checkpoint no longer needs
 them, so a run resumed from its latest checkpoint draws the same opponents as
 one never stopped; snapshots newer than that checkpoint are deleted, as those
 steps are redone.
+
+Each checkpoint records its pools (:data:`POOLS_FILE`: the snapshot each group
+plays and the pool's steps). A resume checks that record and the pool's
+weights (no pickle-format file, readable safetensors) inside the checkpoint
+load, so a bad record or snapshot makes that checkpoint unusable, named,
+rather than stopping the run when the snapshot is played. Every path the
+pools write or delete must lie inside the run directory (a symlinked pool is
+refused, see :meth:`RunDir.owned`).
 """
 
 from __future__ import annotations
 
+import json
 import random
-import shutil
 import zlib
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+from unimas.checkpoints import notice
 from unimas.config import ExperimentConfig, SnapshotConfig
-from unimas.groups.torch.checkpoint import keep_weights_only
+from unimas.errors import UserError
+from unimas.groups.torch.checkpoint import check_weights, keep_weights_only
 from unimas.groups.transport import Transport
 from unimas.rundir import RunDir
+from unimas.safe_load import load_json
 
 SNAPSHOT_PREFIX = "step_"
+POOLS_FILE = "snapshot_pools.json"
+"""In a checkpoint: each snapshot group's pool and the snapshot it plays."""
+
+
+class PoolRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    playing: NonNegativeInt = Field(description="the step of the snapshot the group plays")
+    pool: list[NonNegativeInt] = Field(description="the steps of the pool's snapshots, oldest first")
+
+
+class PoolsRecord(BaseModel):
+    """:data:`POOLS_FILE`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    step: NonNegativeInt = Field(description="the checkpoint's step")
+    groups: dict[str, PoolRecord]
 
 
 class SnapshotPools:
@@ -39,12 +68,13 @@ class SnapshotPools:
         self.pools: dict[str, SnapshotConfig] = {name: group.snapshot for name, group in config.models.items()
                                                  if group.snapshot is not None}
         self.transport = transport
+        self.run_dir = run_dir
         self.root = run_dir.root / "snapshots"
         self.seed = config.trainer.seed
         self.playing: dict[str, int] = {}
 
     def directory(self, group: str) -> Path:
-        return self.root / group
+        return self.run_dir.owned(self.root / group)
 
     def taken(self, group: str) -> list[tuple[int, Path]]:
         """``(step, path)`` of every snapshot of the group on disk, oldest first."""
@@ -66,11 +96,11 @@ class SnapshotPools:
         for group, snapshot in self.pools.items():
             for taken, path in self.taken(group):
                 if taken > step:
-                    shutil.rmtree(path)
+                    self.run_dir.delete(path)
             if not self.taken(group):
                 await self._take(group, snapshot, step)
                 await self._play(group, step)
-            else:
+            elif group not in self.playing:  # restored by load() from a checkpoint that recorded it
                 self.playing[group] = self._choose(group, snapshot, step - step % snapshot.every)[0]
 
     async def after_step(self, step: int) -> dict[str, float]:
@@ -93,13 +123,64 @@ class SnapshotPools:
             keep = {path for _, path in self.pool(group, step)}
             for taken, path in self.taken(group):
                 if taken < step and path not in keep:
-                    shutil.rmtree(path)
+                    self.run_dir.delete(path)
+
+    def save(self, directory: Path, step: int) -> None:
+        """Record the pools into the checkpoint of ``step`` (nothing without snapshot groups)."""
+        if not self.pools:
+            return
+        groups = {group: PoolRecord(playing=self.playing[group], pool=[taken for taken, _ in self.pool(group, step)])
+                  for group in sorted(self.pools)}
+        record = PoolsRecord(step=step, groups=groups)
+        (directory / POOLS_FILE).write_text(json.dumps(record.model_dump(), indent=1))
+
+    def load(self, directory: Path, step: int) -> dict[str, int]:
+        """Check the checkpoint of ``step``'s pool record and pooled snapshots; the snapshot each group plays.
+
+        A checkpoint without the record (written before it existed) gives
+        nothing: :meth:`start` draws as before; so does one of another run
+        directory (``unimas eval --checkpoint``), which plays no pool. A record of another step or
+        other groups, or a pooled snapshot with bad weights, is a
+        :class:`UserError` naming the file. A pooled snapshot a later
+        checkpoint already deleted is announced; the pool goes on without it.
+        """
+        path = directory / POOLS_FILE
+        if not self.pools or not path.exists() or not self._ours(directory):
+            return {}
+        record = load_json(path, PoolsRecord)
+        if record.step != step:
+            raise UserError(f"records step {record.step}, but it sits in the checkpoint of step {step} (copied "
+                            "from another checkpoint or run?)", where=str(path))
+        if set(record.groups) != set(self.pools):
+            raise UserError(f"records pools of {', '.join(sorted(record.groups)) or 'no group'}, but this run's "
+                            f"snapshot groups are {', '.join(sorted(self.pools))} (another run's file?)",
+                            where=str(path))
+        for group, pool in record.groups.items():
+            if any(taken > step for taken in (pool.playing, *pool.pool)):
+                raise UserError(f"{group}: plays snapshot {pool.playing} of pool {pool.pool}, taken after step "
+                                f"{step}, which a checkpoint of step {step} cannot hold", where=str(path))
+            for taken in pool.pool:  # read only: start() refuses a pool outside the run before writing to it
+                snapshot = self.root / group / f"{SNAPSHOT_PREFIX}{taken:06d}"
+                if snapshot.is_dir():
+                    check_weights(snapshot)
+                else:
+                    notice(f"snapshot {snapshot} of this checkpoint's pool was deleted after it (a later checkpoint "
+                           "no longer needed it): the pool goes on without it")
+        return {group: pool.playing for group, pool in record.groups.items()}
+
+    def _ours(self, checkpoint: Path) -> bool:
+        return Path(checkpoint).absolute().parent == (self.run_dir.root / "checkpoints").absolute()
+
+    def restore(self, playing: dict[str, int]) -> None:
+        """Play what :meth:`load` returned (the checkpoint has restored the groups' weights)."""
+        self.playing = dict(playing)
 
     async def _take(self, group: str, snapshot: SnapshotConfig, step: int) -> None:
         target = self.directory(group) / f"{SNAPSHOT_PREFIX}{step:06d}"
         partial = target.with_name(target.name + ".partial")
-        shutil.rmtree(partial, ignore_errors=True)
-        shutil.rmtree(target, ignore_errors=True)
+        for stale in (partial, target):
+            if stale.exists():
+                self.run_dir.delete(stale)
         partial.parent.mkdir(parents=True, exist_ok=True)
         await self.transport.save(snapshot.of, partial)
         keep_weights_only(partial)

@@ -40,7 +40,11 @@ holding a newline (the regex joins ``"\\n\\n"`` into one pre-token, and
 it is one BPE token); and re-encoding decoded ids may give other ids
 (``p r i n t`` comes back as ``print``). Token-exact traces keep sampled ids.
 
-Run ``python -m unimas.tiny_chat DIR [--hidden-size 768 --layers 12 --heads 12]``.
+``--tool-calls`` builds the function-calling variant (:func:`tools_tune`):
+given ``tools`` it answers with a Hermes ``<tool_call>`` block calling the
+first listed function, given a tool result it answers with that result.
+
+Run ``python -m unimas.tiny_chat DIR [--hidden-size 768 --layers 12 --heads 12] [--tool-calls]``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,25 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+TOOLS_CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{%- for m in messages if m['role'] == 'system' %}{{ m['content'] + '\n' }}{%- endfor %}"
+    "tools:{% for t in tools %} {{ (t['function'] if 'function' in t else t)['name'] }}{% endfor %}<|im_end|>\n"
+    "{%- endif %}"
+    "{%- for m in messages if not (tools and m['role'] == 'system') %}<|im_start|>{{ m['role'] + '\n' }}"
+    "{%- if m.get('tool_calls') %}{% for c in m['tool_calls'] %}<tool_call>\n"
+    "{{- {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}\n</tool_call>"
+    "{%- endfor %}{% else %}{{ m['content'] or '' }}{% endif %}<|im_end|>\n"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+"""The ``--tool-calls`` model's template: ChatML, the function names in the system block (after any system
+text, so a long system prompt cut from the left loses its start first), assistant calls as Hermes
+``<tool_call>`` blocks, tool results as ``tool`` messages."""
+
+TOOL_NAMES = ("add", "lookup", "search", "weather", "final_answer", "multiply", "echo", "count")
+"""Function names the ``--tool-calls`` model is fitted on (any other name is copied less reliably)."""
 
 _WORDS = (
     "the a an is are was of to and in on for with that this it as be by from at or not we you they "
@@ -213,8 +236,6 @@ def instruct_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: 
     quickstart: no progress in 400 steps). Real instruct models arrive able to
     follow their prompt; this gives the test model that ability, nothing more.
     """
-    import torch
-
     rng = random.Random(seed)
 
     def example() -> tuple[list[int], list[int]]:
@@ -222,6 +243,59 @@ def instruct_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: 
         prompt = chat_ids(tokenizer, [{"role": "user", "content": f"{rng.choice(INSTRUCT_VERBS)}: {item}"}],
                           add_generation_prompt=True)
         return prompt, tokenizer(item + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+
+    supervised_steps(model, tokenizer, example, steps, seed, batch, lr)
+
+
+def tool_call_text(name: str) -> str:
+    """The call block the ``--tool-calls`` model is fitted to answer with (Hermes format, no arguments)."""
+    return '<tool_call>\n{"name": "' + name + '", "arguments": {}}\n</tool_call>'
+
+
+def tool_corpus(seed: int = 0, lines: int = 400) -> list[str]:
+    """Lines of tool lists and call blocks, so that the BPE has tokens for them."""
+    rng = random.Random(seed)
+    return [f"tools: {' '.join(rng.sample(TOOL_NAMES, 3))}\n{tool_call_text(rng.choice(TOOL_NAMES))}"
+            for _ in range(lines)]
+
+
+def tools_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: int = 16, lr: float = 3e-3) -> None:
+    """Supervised turns that make a tiny model use tools: fitted, not sampled from a real instruct model.
+
+    Three kinds, mixed: a request with ``tools`` is answered with a call of
+    the first listed function (:func:`tool_call_text`); a conversation that
+    ends with a ``tool`` result is answered with that result; a plain
+    ``"repeat: x"`` is answered with ``x`` (as :func:`instruct_tune`). The
+    calls the served model then makes are sampled from these weights.
+    """
+    rng = random.Random(seed)
+
+    def example() -> tuple[list[int], list[int]]:
+        tools = [{"type": "function", "function": {"name": n, "parameters": {}}}
+                 for n in rng.sample(TOOL_NAMES, rng.randint(1, 3))]
+        ask = {"role": "user", "content": f"{rng.choice(INSTRUCT_VERBS)}: {rng.choice(INSTRUCT_ITEMS)}"}
+        kind = rng.randrange(3)
+        if kind == 0:
+            messages, answer = [ask], tool_call_text(tools[0]["function"]["name"])
+        elif kind == 1:
+            result = rng.choice(INSTRUCT_ITEMS)
+            call = {"id": "c", "type": "function", "function": {"name": tools[0]["function"]["name"], "arguments": {}}}
+            messages = [ask, {"role": "assistant", "content": "", "tool_calls": [call]},
+                        {"role": "tool", "content": result, "tool_call_id": "c"}]
+            answer = result
+        else:
+            messages, answer, tools = [ask], ask["content"].split(": ")[1], None
+        if rng.random() < 0.3:
+            messages = [{"role": "system", "content": _sentence(rng)}, *messages]
+        prompt = chat_ids(tokenizer, messages, tools=tools, add_generation_prompt=True)
+        return prompt, tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+
+    supervised_steps(model, tokenizer, example, steps, seed, batch, lr)
+
+
+def supervised_steps(model: Any, tokenizer: Any, example: Any, steps: int, seed: int, batch: int, lr: float) -> None:
+    """AdamW steps on batches of ``example()`` (prompt ids, answer ids) pairs, loss on the answers only."""
+    import torch
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -248,17 +322,23 @@ def instruct_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: 
 def build_chat_model(directory: os.PathLike | str, *, hidden_size: int = 64, num_layers: int = 2,
                      num_heads: int = 4, vocab_size: int = 512, max_positions: int = 512, seed: int = 0,
                      corpus: Iterable[str] | None = None, intermediate_size: int | None = None,
-                     instruct_steps: int = 300) -> Path:
+                     instruct_steps: int = 300, tool_calls: bool = False) -> Path:
     """Write tokenizer and model (safetensors) to ``directory`` with ``save_pretrained``; return it.
 
     ``instruct_steps``: supervised steps of :func:`instruct_tune` (0 = purely random weights).
+    ``tool_calls``: a tools-aware template (:data:`TOOLS_CHAT_TEMPLATE`) and :func:`tools_tune` instead, so
+    that, given tools, the model answers with a Hermes ``<tool_call>`` block, and given a tool result, with it.
     """
     directory = Path(directory)
+    if tool_calls and corpus is None:
+        corpus = generate_corpus(seed) + tool_corpus(seed)
     tokenizer = build_tokenizer(vocab_size, seed, corpus, max_positions)
+    if tool_calls:
+        tokenizer.chat_template = TOOLS_CHAT_TEMPLATE
     model = build_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                         max_positions=max_positions, seed=seed, intermediate_size=intermediate_size)
     if instruct_steps:
-        instruct_tune(model, tokenizer, instruct_steps, seed)
+        (tools_tune if tool_calls else instruct_tune)(model, tokenizer, instruct_steps, seed)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(directory)
     model.save_pretrained(directory, safe_serialization=True)
@@ -307,11 +387,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--instruct-steps", type=int, default=300,
                         help="supervised 'repeat: x' chat steps so the model follows its prompt; 0 = random weights")
+    parser.add_argument("--tool-calls", action="store_true",
+                        help="a tools-aware template, fitted to answer requests with tools with a <tool_call> block")
     args = parser.parse_args(argv)
     path = build_chat_model(args.directory, hidden_size=args.hidden_size, num_layers=args.layers,
                             num_heads=args.heads, vocab_size=args.vocab_size, max_positions=args.max_positions,
                             seed=args.seed, intermediate_size=args.intermediate_size,
-                            instruct_steps=args.instruct_steps)
+                            instruct_steps=args.instruct_steps, tool_calls=args.tool_calls)
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
 from unimas import checkpoints
+from unimas.config import RoleConfig
 from unimas.config_file import dump_config
 from unimas.controller.episodes import Controller, EpisodeSpec
 from unimas.controller.router import Router
@@ -38,14 +39,33 @@ from unimas.metrics import (
     rollout_metrics,
     throughput_metrics,
 )
-from unimas.pipeline import RolloutPipeline, WeightVersions, pipeline_depth
+from unimas.pipeline import RolloutPipeline, WeightVersions, pipeline_depth, read_pending
 from unimas.rollout import Rollout
-from unimas.rundir import RunDir, mark_complete, read_trainer_state, write_trainer_state
+from unimas.rundir import (
+    TRAINER_STATE,
+    RunDir,
+    TrainerState,
+    checkpoint_step,
+    mark_complete,
+    read_trainer_state,
+    write_trainer_state,
+)
 from unimas.snapshots import SnapshotPools
 from unimas.trajectory import GraphTrajectory, write_jsonl
 from unimas.update_order import execution_order, update_groups
 
 T = TypeVar("T")
+
+
+def train_turn(c: CreditedTurn, role: RoleConfig) -> TrainTurn:
+    """The record a group trains on for one credited turn of ``role`` (turns keep execution order per episode,
+    which GAE over a role's turns relies on: docs/critic.md)."""
+    return TrainTurn(
+        prompt_ids=c.turn.prompt_ids, response_ids=c.turn.response_ids, rollout_logprobs=c.turn.logprobs,
+        rollout_logprobs_exact=c.turn.logprobs_exact, advantage=c.turn.advantage,
+        temperature=role.generation.temperature or 1.0, adapter=role.adapter,
+        weight_version=c.turn.weight_version, episode=c.trajectory.episode_id, role=c.turn.role, reward=c.signal,
+    )
 
 
 class Trainer:
@@ -147,12 +167,7 @@ class Trainer:
         turns_by_group: dict[str, list[TrainTurn]] = defaultdict(list)
         for c in credited:
             role = self.config.roles[c.turn.role]
-            turns_by_group[role.model].append(TrainTurn(
-                prompt_ids=c.turn.prompt_ids, response_ids=c.turn.response_ids, rollout_logprobs=c.turn.logprobs,
-                rollout_logprobs_exact=c.turn.logprobs_exact, advantage=c.turn.advantage,
-                temperature=role.generation.temperature or 1.0, adapter=role.adapter,
-                weight_version=c.turn.weight_version, episode=c.trajectory.episode_id,
-            ))
+            turns_by_group[role.model].append(train_turn(c, role))
         roles_by_group = {g: [c.turn.role for c in credited if self.config.roles[c.turn.role].model == g]
                           for g in turns_by_group}
         results = await update_groups(self.transport, turns_by_group, roles_by_group, self.rollout.update_order,
@@ -200,8 +215,9 @@ class Trainer:
         await self.pipeline.save(directory)  # first: rollouts in flight finish before the groups' RNG is saved
         await asyncio.gather(*(self.transport.save(g, directory / g) for g in sorted(self.config.models)))
         self.rollout.save(directory)
-        write_trainer_state(directory, {"step": step, "failed_steps_in_a_row": self.failed_steps_in_a_row,
-                                        "weight_versions": self.versions.state()})
+        self.snapshots.save(directory, step)
+        write_trainer_state(directory, TrainerState(step=step, failed_steps_in_a_row=self.failed_steps_in_a_row,
+                                                    weight_versions=self.versions.state()))
         checkpoints.write_manifest(directory, step, self.config)
         mark_complete(directory)
         self.run_dir.prune(self.config.trainer.keep_checkpoints)
@@ -218,15 +234,40 @@ class Trainer:
             checkpoints.notice(f"{directory} has no {checkpoints.MANIFEST}: its files cannot be verified")
         elif manifest is None:
             manifest = checkpoints.verify(directory)
+        step = self._checkpoint_step(directory, manifest)
+        # the state files first, and checked whole, before anything changes: a bad one leaves nothing half-loaded
+        state = read_trainer_state(directory, step)
+        step = state.step
+        versions = self._weight_versions(directory, state)
+        pending = read_pending(directory, step, self.config.roles)
+        playing = self.snapshots.load(directory, step)
         await asyncio.gather(*(self.transport.load(g, directory / g) for g in sorted(self.config.models)))
-        state = read_trainer_state(directory)
-        self.failed_steps_in_a_row = int(state.get("failed_steps_in_a_row", 0))
-        trainable = [g for g, m in self.config.models.items() if m.trainable]  # older states: one update per step
-        versions = state.get("weight_versions", dict.fromkeys(trainable, state["step"]))
+        self.rollout.load(directory, last_step=max(pending, default=step - 1))
+        self.failed_steps_in_a_row = state.failed_steps_in_a_row
         self.versions = WeightVersions(self.config, versions)
-        self.pipeline.load(directory)
-        self.rollout.load(directory)
-        return manifest.step if manifest is not None else state["step"]
+        self.pipeline.load(pending)
+        self.snapshots.restore(playing)
+        return step
+
+    @staticmethod
+    def _checkpoint_step(directory: Path, manifest: checkpoints.Manifest | None) -> int | None:
+        """The step the checkpoint is of, by its manifest and its ``step_N`` name; None when neither says."""
+        named = checkpoint_step(directory)
+        if manifest is not None and named is not None and manifest.step != named:
+            raise UserError(f"says step {manifest.step}, but the checkpoint directory is of step {named} (copied "
+                            "from another checkpoint or run?)", where=str(directory / checkpoints.MANIFEST))
+        return manifest.step if manifest is not None else named
+
+    def _weight_versions(self, directory: Path, state: TrainerState) -> dict[str, int]:
+        """Each trainable group's update count (older states: one update per step); unknown groups are refused."""
+        trainable = [g for g, m in self.config.models.items() if m.trainable]
+        if state.weight_versions is None:
+            return dict.fromkeys(trainable, state.step)
+        strangers = sorted(set(state.weight_versions) - set(self.config.models))
+        if strangers:
+            raise UserError(f"weight_versions counts updates of group(s) {', '.join(strangers)}, which this run "
+                            "does not have (another run's file?)", where=str(directory / TRAINER_STATE))
+        return state.weight_versions
 
     # -- the loop ---------------------------------------------------------
     async def run(self, resume: bool = False) -> list[dict[str, Any]]:

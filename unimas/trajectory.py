@@ -31,6 +31,20 @@ class TurnNode:
     """The chat messages the prompt was rendered from (system, earlier turns per ``memory``, the input)."""
     continued: bool = False
     """The prompt ids extend the role's previous turn's prompt + response ids exactly (no re-tokenising)."""
+    rerendered: Optional[str] = None
+    """Why a later turn of the role was rendered afresh instead of continued (None: continued, or a first turn)."""
+    tools: Optional[list[dict[str, Any]]] = None
+    """The function definitions the prompt was rendered with (gateway turns with ``tools``)."""
+    forced_ids: list[int] = field(default_factory=list)
+    """Ids forced at the start of the answer (the gateway's ``tool_choice``): the last ids of ``prompt_ids``,
+    so they are context, never trained as sampled; ``text`` starts with their text."""
+    stop: Optional[str] = None
+    """The request's stop string that ended sampling: ``response_ids`` end with the token that completed it,
+    ``text`` ends before it."""
+    format_error: Optional[str] = None
+    """Why the answer does not meet the request's ``response_format`` (None: met, or none asked)."""
+    token_texts: list[str] = field(default_factory=list)
+    """Each response token as text (recorded only when the request asked for ``logprobs``)."""
     truncated: bool = False
     prompt_ids: list[int] = field(default_factory=list)
     response_ids: list[int] = field(default_factory=list)
@@ -80,7 +94,11 @@ class GraphTrajectory:
     outcome: dict[str, Any] = field(default_factory=dict)
     error: Optional[str] = None
     rewards: dict[str, Any] = field(default_factory=dict)
-    """Per reward name: the raw value the plugin returned (trajectory/role/turn level)."""
+    """Per reward name: the value the plugin returned (trajectory/role/turn level), clipped to ±1e6
+    (``unimas.credit.REWARD_BOUND``)."""
+    unclipped_rewards: dict[str, Any] = field(default_factory=dict)
+    """Per reward name, only where clipping changed something: what the plugin returned (a number, or for role
+    and turn levels a dict of the clipped entries)."""
     started: float = 0.0
     ended: float = 0.0
     forked_from: Optional[str] = None
@@ -171,6 +189,7 @@ class GraphTrajectory:
             "outcome": self.outcome,
             "error": self.error,
             "rewards": self.rewards,
+            "unclipped_rewards": self.unclipped_rewards,
             "started": self.started,
             "ended": self.ended,
             "forked_from": self.forked_from,
@@ -196,7 +215,8 @@ class GraphTrajectory:
     def from_dict(cls, data: dict[str, Any]) -> "GraphTrajectory":
         traj = cls(**{k: data[k] for k in ("episode_id", "task_id", "task", "outcome", "error",
                                              "rewards", "started", "ended")},
-                   forked_from=data.get("forked_from"), fork_turn=data.get("fork_turn"))
+                   forked_from=data.get("forked_from"), fork_turn=data.get("fork_turn"),
+                   unclipped_rewards=data.get("unclipped_rewards", {}))
         for raw in data["nodes"]:
             node_cls = TurnNode if raw["kind"] == "turn" else ToolNode
             known = {f.name for f in fields(node_cls)}

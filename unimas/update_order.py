@@ -96,8 +96,10 @@ async def update_groups(transport: Transport, turns_by_group: Mapping[str, list[
             done.update({role: stats for role in owners[group]})
         if with_ratios and stage is not stages[-1]:
             await _multiply_ratios(transport, {g: stage_turns[g] for g in groups}, ratios, order)
-    return {group: {key: runs[-1][key] if key in COUNTERS else sum(s.get(key, 0.0) for s in runs) / len(runs)
-                    for key in runs[0]} for group, runs in per_group.items()}
+    # a key some stages lack (a critic's per-role statistics) is the mean over the stages that report it
+    return {group: {key: runs[-1][key] if key in COUNTERS else
+                    sum(s[key] for s in runs if key in s) / sum(key in s for s in runs)
+                    for key in dict.fromkeys(k for s in runs for k in s)} for group, runs in per_group.items()}
 
 
 async def _multiply_ratios(transport: Transport, trained: Mapping[str, list[TrainTurn]], ratios: dict[str, float],

@@ -7,15 +7,18 @@ them all.
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
-from unimas import algorithms
+from unimas import algorithms, plugin_params
 from unimas.config import ExperimentConfig, RoleConfig
 from unimas.errors import UserError
 from unimas.experiment import Experiment, make_parser
 from unimas.groups.build import backend_options
 from unimas.groups.verl import plan as verl_plan
-from unimas.registry import Registry, build_registry
+from unimas.registry import Registry, build_registry, singular
 from unimas.report.data import model_mapping
 from unimas.workflow.graph import check_graph
 from unimas.workflow.templates import render, template_fields
@@ -53,11 +56,12 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             problems.extend(_snapshot_problems(config, name))
     problems.extend(verl_plan.config_problems(config))
 
-    for field, kind in ALGORITHM_PLUGINS.items():
-        entry = getattr(config.algorithm, field)
-        if entry is not None and not registry.has(kind, entry.name):
-            add(f"algorithm.{field}.name", f"unknown {kind[:-1].replace('_', ' ')} '{entry.name}'; registered: "
-                f"{', '.join(registry.names(kind)) or 'none'}{registry.broken_hint()}")
+    problems.extend(_algorithm_plugin_problems(config, registry))
+    problems.extend(_loss_params_problems(config, registry, losses))
+    if config.workflow.agent is not None and config.workflow.agent.command is not None:
+        problem = agent_command_problem(config.workflow.agent.command[0])
+        if problem is not None:
+            add("workflow.agent.command", problem)
 
     options = _group_options(config, registry)
     for name, role in config.roles.items():
@@ -120,6 +124,8 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
     if estimator is None:
         add("algorithm.estimator", f"unknown estimator '{algo.estimator}'; known: {', '.join(sorted(estimators))}"
             f"{registry.broken_hint()}")
+    elif estimator.usable_with_critic:
+        problems.extend(_critic_problems(config, registry, needs_values=True))
     elif not estimator.usable:
         needs = "a critic (value estimates)" if estimator.needs_critic else ", ".join(estimator.missing_inputs)
         usable = ", ".join(sorted(name for name, e in estimators.items() if e.usable))
@@ -127,7 +133,107 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             f"{usable} or a plugin estimator")
     elif estimator.group_normalised and algo.group_size < 2:
         add("algorithm.group_size", f"'{algo.estimator}' normalises within groups; group_size must be >= 2")
+    if estimator is not None:
+        problems.extend(_params_problems(estimator.fn, algo.estimator, algo.estimator_params,
+                                         "algorithm.estimator_params", keyword_only=True))
+        if not estimator.needs_critic:
+            problems.extend(_critic_problems(config, registry, needs_values=False))
     return problems
+
+
+def _critic_problems(config: ExperimentConfig, registry: Registry, needs_values: bool) -> list[tuple[str, str]]:
+    """``models.<g>.critic``: on every group that trains roles when the estimator takes values (gae), on a
+    trainable group of a backend that has critics, and nowhere else (docs/critic.md)."""
+    problems: list[tuple[str, str]] = []
+    estimator = config.algorithm.estimator
+    trains_roles = {role.model for role in config.roles.values() if role.trainable}
+    for name, group in config.models.items():
+        where = f"models.{name}.critic"
+        backend = registry.get("backends", group.backend) if registry.has("backends", group.backend) else None
+        if group.critic is None:
+            if needs_values and group.trainable and name in trains_roles:
+                problems.append((where, f"algorithm.estimator '{estimator}' needs value estimates: give this "
+                                 "trainable group a critic (e.g. critic: {optim: {lr: 0.001}}; docs/critic.md) or "
+                                 "use an estimator without values (grpo, rloo, ...)"))
+        elif not group.trainable:
+            problems.append((where, "a frozen group (trainable: false) trains nothing, so a critic would have no "
+                             "turns to learn values of; remove it"))
+        elif not needs_values:
+            problems.append((where, f"algorithm.estimator '{estimator}' takes no values, so this critic would "
+                             "train for nothing; use estimator: gae, or remove the critic"))
+        elif backend is not None and not getattr(backend, "supports_critic", False):
+            problems.append((where, f"backend '{group.backend}' has no critic (only the torch backend does)"))
+    return problems
+
+
+def _params_problems(obj: Any, name: str, params: dict[str, Any], where: str,
+                     keyword_only: bool = False) -> list[tuple[str, str]]:
+    """The config's params checked against what ``obj`` declares (:mod:`unimas.plugin_params`)."""
+    try:
+        return plugin_params.params_spec(obj, name, keyword_only=keyword_only).check(params, where)[1]
+    except UserError as exc:  # the plugin's annotations cannot be read
+        return [(where, str(exc))]
+
+
+def _algorithm_plugin_problems(config: ExperimentConfig, registry: Registry) -> list[tuple[str, str]]:
+    """Each ``algorithm.<key>``: a registered name, params its factory accepts, no fork of an agent program."""
+    problems = []
+    for field, kind in ALGORITHM_PLUGINS.items():
+        entry = getattr(config.algorithm, field)
+        if entry is None:
+            continue
+        if not registry.has(kind, entry.name):
+            problems.append((f"algorithm.{field}.name", f"unknown {singular(kind)} '{entry.name}'; "
+                             f"registered: {', '.join(registry.names(kind)) or 'none'}{registry.broken_hint()}"))
+            continue
+        factory = registry.get(kind, entry.name)
+        problems += _params_problems(factory, entry.name, entry.params, f"algorithm.{field}.params")
+        if config.workflow.agent is not None and getattr(factory, "uses_forks", False):
+            problems.append((f"algorithm.{field}.name", f"'{entry.name}' forks recorded episodes, which is not "
+                             "supported for a workflow.agent program (its requests carry no turn ids to replay; "
+                             "docs/algorithms.md); use a rollout control that does not fork"))
+    return problems
+
+
+def _loss_params_problems(config: ExperimentConfig, registry: Registry,
+                          losses: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each trainable group's ``loss_params`` against its policy loss (groups that share them: reported once)."""
+    problems: list[tuple[str, str]] = []
+    for name, group in config.models.items():
+        algorithm = config.algorithm_for(name)
+        if not group.trainable or algorithm.loss not in losses:
+            continue
+        where = (f"models.{name}.algorithm.loss_params" if group.algorithm.loss_params is not None
+                 else "algorithm.loss_params")
+        for problem in _params_problems(losses[algorithm.loss], algorithm.loss, algorithm.loss_params or {}, where,
+                                        keyword_only=True):
+            if problem not in problems:
+                problems.append(problem)
+    return problems
+
+
+def agent_command_problem(program: str) -> str | None:
+    """Why the agent runner could not start ``program``, or None.
+
+    It is found as ``exec`` finds it: a name with a path separator relative to
+    the directory unimas runs in (``workflow.agent.command`` says so), a bare
+    name on ``PATH``.
+    """
+    if os.sep not in program and not (os.altsep and os.altsep in program):
+        if shutil.which(program) is None:
+            local = f"; a program in this directory is ./{program}" if Path(program).is_file() else ""
+            return f"program '{program}' is not on PATH{local}"
+        return None
+    path = Path(program)
+    if not path.exists():
+        return (f"program '{program}' does not exist (a relative path is relative to the directory unimas runs in, "
+                f"{Path.cwd()})")
+    if path.is_dir():
+        return f"program '{program}' is a directory, not a program"
+    if not os.access(path, os.X_OK):
+        return (f"program '{program}' is not executable: `chmod +x {program}`, or run it through its interpreter, "
+                f"e.g. [python, {program}]")
+    return None
 
 
 def _snapshot_problems(config: ExperimentConfig, name: str) -> list[tuple[str, str]]:

@@ -99,7 +99,7 @@ class EpisodeContext:
             prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
             logprobs_exact=result.logprobs_exact, continued=result.continued, truncated=result.truncated,
             finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
-            weight_version=result.weight_version, replayed=replayed is not None,
+            weight_version=result.weight_version, replayed=replayed is not None, rerendered=result.rerendered or None,
         )
         self.trajectory.add_node(node, self._consumed([*after, *seen], variables))
         if node.truncated and spec.truncation == "error":
@@ -109,15 +109,21 @@ class EpisodeContext:
         return node
 
     async def chat(self, role: str, messages: list[dict[str, Any]], *, after: Iterable[Any] = (),
-                   tools: list[dict[str, Any]] | None = None, **overrides: Any) -> TurnNode:
+                   tools: list[dict[str, Any]] | None = None, stop: list[str] | None = None,
+                   response_prefix: str = "", token_texts: bool = False, **overrides: Any) -> TurnNode:
         """A role turn on chat messages written by someone else (the OpenAI gateway's agents).
 
         Unlike ``act`` there is no template and no ``memory``: the messages are
         the whole prompt. ``overrides`` replace ``generation`` fields for this
         turn (e.g. ``max_new_tokens``); ``after`` names the turns it consumed;
-        ``tools``: function definitions for the chat template.
+        ``tools``: function definitions for the chat template. ``stop``: stop
+        strings; ``response_prefix``: text forced at the start of the answer
+        (prompt-side ids, recorded as ``forced_ids``); ``token_texts``: record
+        each response token's text. A group that does not apply ``stop`` or
+        ``response_prefix`` raises :class:`UnsupportedControl`.
         The role's previous turn is offered as the continuation, which the
-        group uses only when these messages extend that conversation.
+        group uses only when these messages extend that conversation under
+        the same tool list (otherwise the turn says why in ``rerendered``).
         """
         if role not in self._roles:
             raise UserError(f"a request asked for role '{role}', which the config does not declare", where="roles")
@@ -130,21 +136,26 @@ class EpisodeContext:
         previous = own[-1] if own and own[-1].prompt_ids and own[-1].messages else None
         continuation = None if previous is None else Continuation(
             messages=previous.messages, prompt_ids=previous.prompt_ids, response_ids=previous.response_ids,
-            finished=previous.finished)
+            finished=previous.finished, tools=previous.tools)
         prompt = "".join(m["content"] for m in messages)
         request = GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy,
                              messages=messages, continuation=continuation, use_chat_template=spec.chat != "off",
-                             allow_truncation=spec.truncation == "left", tools=tools)
+                             allow_truncation=spec.truncation == "left", tools=tools, stop=stop,
+                             response_prefix=response_prefix, token_texts=token_texts)
         started = time.perf_counter()
         result = await self._router.submit(spec.model, request, episode=self.trajectory.episode_id)
+        for control, asked in (("stop", bool(stop)), ("response_prefix", bool(response_prefix))):
+            if asked and control not in result.controls:
+                raise UnsupportedControl(control, spec.model)
         user_inputs = [m["content"] for m in messages if m["role"] == "user"]
         node = TurnNode(
             id=f"{role}#{index}", role=role, model_group=spec.model, prompt=result.prompt_text or prompt,
-            text=result.text, input=user_inputs[-1] if user_inputs else "", messages=messages,
+            text=response_prefix + result.text, input=user_inputs[-1] if user_inputs else "", messages=messages,
             prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
             logprobs_exact=result.logprobs_exact, continued=result.continued, truncated=result.truncated,
             finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
-            weight_version=result.weight_version,
+            weight_version=result.weight_version, rerendered=result.rerendered or None, tools=tools,
+            forced_ids=result.forced_ids, stop=result.stop, token_texts=result.token_texts,
         )
         self.trajectory.add_node(node, self._consumed(after, {}))
         if node.truncated and spec.truncation == "error":
@@ -170,13 +181,22 @@ class EpisodeContext:
         return self.trajectory.add_node(node, self._consumed(after, arguments))
 
 
+class UnsupportedControl(RuntimeError):
+    """A turn asked for a generation control (stop strings, a forced answer opening) its group does not apply."""
+
+    def __init__(self, control: str, group: str):
+        super().__init__(f"model group '{group}' does not apply '{control}' (its backend lacks it; the torch "
+                         "backend has it)")
+        self.control = control
+
+
 class PromptTooLong(RuntimeError):
     """A role's prompt exceeds its model's context and the role does not allow cutting it: its episode fails."""
 
 
 def _parse(node: TurnNode, spec: RoleConfig, parse: Callable[[str], Any] | None) -> None:
     """Fill ``parsed``/``parse_error``: bad output is recorded, never raised (a buggy parser's error too)."""
-    if spec.generation.require_eos and not node.finished:
+    if spec.generation.require_eos and not (node.finished or node.stop):
         node.parse_error = f"no end-of-sequence within {spec.generation.max_new_tokens} tokens"
         return
     if parse is None:

@@ -2,12 +2,15 @@
 
 * ``GET  /e/<episode>/v1/models``            the roles, as OpenAI "models"
 * ``POST /e/<episode>/v1/chat/completions``  one turn of the role named by ``model``
+* ``POST /e/<episode>/v1/responses``         the same turn through the Responses API (``responses``)
 * ``POST /e/<episode>/v1/rewards``           ``{"turn": id, "reward": x}`` for one of the episode's turns
 * the same without ``/e/<episode>`` when serving a trained team (``unimas serve``)
 
 Every refusal — unknown role, bad body, finished episode, wrong token,
 unknown path — is an OpenAI-style ``{"error": {...}}`` body, so clients
-raise their usual exceptions and the run carries on.
+raise their usual exceptions and the run carries on. Before any route, the
+:class:`~unimas.gateway.guard.Guard` checks the Host header and the body
+size and turns any unexpected exception into that request's 500.
 """
 
 from __future__ import annotations
@@ -19,16 +22,25 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from unimas.gateway.protocol import GatewayError, completion, model_list, parse_chat, parse_json, stream_events
+from unimas.gateway.guard import Guard
+from unimas.gateway.protocol import (MAX_REQUEST_BYTES, GatewayError, completion, model_list, parse_chat,
+                                     parse_json, stream_events)
+from unimas.gateway.responses import parse_responses, response_events, response_object
 from unimas.gateway.sessions import Episode, Serving
 
 Lookup = Callable[[str | None], "Episode | Serving"]
 """Episode key (None: the plain ``/v1`` prefix) -> its session; raises GatewayError(404) when there is none."""
 
 
-def build_app(lookup: Lookup, roles: list[str], token: str | None) -> FastAPI:
-    """``token``: the bearer token every request must carry (None = no check: loopback only)."""
+def build_app(lookup: Lookup, roles: list[str], token: str | None, hosts: frozenset[str] | None = None,
+              episode_token: Callable[[str], str | None] | None = None) -> FastAPI:
+    """``token``: the bearer token every request must carry (None = no check: loopback only).
+
+    ``hosts``: ``Host`` names accepted besides loopback (None: any; see :mod:`unimas.gateway.guard`).
+    ``episode_token``: episode key -> the token that episode's requests must carry (None: not checked).
+    """
     app = FastAPI(title="unimas gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(Guard, hosts=hosts, max_body=MAX_REQUEST_BYTES)
 
     @app.exception_handler(GatewayError)
     async def _refused(request: Request, exc: GatewayError) -> JSONResponse:
@@ -40,12 +52,17 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None) -> FastAPI:
         return JSONResponse(error.body(), status_code=exc.status_code)
 
     def checked(request: Request, key: str | None) -> Episode | Serving:
-        if token is not None:
-            given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
-            if not hmac.compare_digest(given.encode(), token.encode()):
-                raise GatewayError(401, "missing or wrong API key: use the run's token (OPENAI_API_KEY of the "
-                                        "agent)", code="invalid_api_key")
-        return lookup(key)
+        given = request.headers.get("authorization", "").removeprefix("Bearer ").strip()
+        if token is not None and not hmac.compare_digest(given.encode(), token.encode()):
+            raise GatewayError(401, "missing or wrong API key: use the run's token (OPENAI_API_KEY of the "
+                                    "agent)", code="invalid_api_key")
+        session = lookup(key)
+        if key is not None and episode_token is not None:
+            expected = episode_token(key) or ""  # read after the lookup: a closing episode's is gone, so refused
+            if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
+                raise GatewayError(401, "missing or wrong API key for this episode: send the OPENAI_API_KEY unimas "
+                                        "gave this episode's agent", code="invalid_api_key")
+        return session
 
     async def models(request: Request, key: str | None = None) -> dict:
         checked(request, key)
@@ -56,8 +73,17 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None) -> FastAPI:
         call = parse_chat(parse_json(await request.body()), set(roles), sampling=isinstance(session, Serving))
         turn = await session.chat(call)
         prefix = f"{session.key}:" if isinstance(session, Episode) else ""
-        done = completion(turn, f"chatcmpl-{prefix}{turn.id}", tools=bool(call.tools))
+        done = completion(turn, f"chatcmpl-{prefix}{turn.id}", tools=bool(call.tools), call=call)
         return StreamingResponse(stream_events(done), media_type="text/event-stream") if call.stream else done
+
+    async def responses(request: Request, key: str | None = None) -> dict | StreamingResponse:
+        session = checked(request, key)
+        body = parse_json(await request.body())
+        call = parse_responses(body, set(roles), isinstance(session, Serving), session.responses)
+        turn = await session.chat(call)
+        prefix = f"{session.key}:" if isinstance(session, Episode) else ""
+        done = response_object(turn, call, f"resp-{prefix}{turn.id}", session.responses, body)
+        return StreamingResponse(response_events(done), media_type="text/event-stream") if call.stream else done
 
     async def reward(request: Request, key: str) -> dict:
         session = checked(request, key)
@@ -66,5 +92,6 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None) -> FastAPI:
     for prefix in ("/e/{key}/v1", "/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"], response_model=None)
+        app.add_api_route(f"{prefix}/responses", responses, methods=["POST"], response_model=None)
     app.add_api_route("/e/{key}/v1/rewards", reward, methods=["POST"])
     return app

@@ -3,8 +3,11 @@
 The agent code that was trained runs unchanged against it: ``model`` still
 names the role, and each role answers with the weights (and LoRA adapter)
 the checkpoint holds for it. Nothing is recorded or trained; requests may
-set ``temperature`` and ``top_p``. The server runs on this process's event
-loop, where the router batches requests that arrive together.
+set ``temperature`` and ``top_p``, and ``max_tokens`` up to the role's
+``generation.max_new_tokens`` (a larger one is lowered to it, as in
+training). The server runs on this process's event loop, where the router
+batches requests that arrive together. It answers only requests whose
+``Host`` is loopback or ``--host`` (:mod:`unimas.gateway.guard`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from unimas.controller.router import Router
 from unimas.errors import UserError
 from unimas.gateway.app import build_app
 from unimas.gateway.protocol import GatewayError
-from unimas.gateway.server import free_port, is_loopback
+from unimas.gateway.guard import allowed_hosts, is_loopback
+from unimas.gateway.server import free_port
 from unimas.gateway.sessions import Serving
 from unimas.groups.transport import start_transport
 from unimas.registry import Registry
@@ -61,7 +65,7 @@ async def serve(config: ExperimentConfig, registry: Registry, checkpoint: Path |
 
         port = port or free_port(host)
         token = serve_token(host)
-        app = build_app(lookup, sorted(config.roles), token=token)
+        app = build_app(lookup, sorted(config.roles), token=token, hosts=allowed_hosts(host))
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
         print(f"serving roles {', '.join(sorted(config.roles))} at http://{host}:{port}/v1", flush=True)
         if token is not None and not os.environ.get(TOKEN_ENV):

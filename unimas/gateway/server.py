@@ -4,12 +4,18 @@ The server outlives the trainer's event loops (training, evaluation and
 ``unimas eval`` each run their own), so it gets a thread and a loop of its
 own and is started once, at the first episode. Episodes register while they
 run; a request for any other key is an OpenAI-style 404.
+
+In a ``sealed`` server (a ``command`` agent's) each episode also gets a
+random bearer token of its own, handed to its agent as ``OPENAI_API_KEY`` and required on
+its routes (401 otherwise). It is not derived from the URL, so an agent that
+learns a sibling's base URL still cannot act in that episode. Requests whose
+``Host`` header names neither loopback nor the configured host are refused
+(DNS rebinding; :mod:`unimas.gateway.guard`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import secrets
 import socket
 import threading
@@ -22,15 +28,9 @@ from unimas.config import RoleConfig
 from unimas.controller.context import EpisodeContext
 from unimas.errors import UserError
 from unimas.gateway.app import build_app
+from unimas.gateway.guard import allowed_hosts, is_loopback  # noqa: F401 - is_loopback: also imported from here
 from unimas.gateway.protocol import GatewayError
 from unimas.gateway.sessions import Episode
-
-
-def is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def free_port(host: str) -> int:
@@ -42,13 +42,15 @@ def free_port(host: str) -> int:
 class GatewayServer:
     """One per run: serves ``/e/<episode>/v1`` for every running episode of the run."""
 
-    def __init__(self, roles: Mapping[str, RoleConfig], host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, roles: Mapping[str, RoleConfig], host: str = "127.0.0.1", port: int = 0, sealed: bool = True):
+        """``sealed``: every episode's requests must carry its own token (agents outside the trainer's process)."""
         self.roles = roles
         self.host = host
         self.port = port
-        self.token = secrets.token_urlsafe(24)
-        """Handed to agents as OPENAI_API_KEY; checked only when the server listens beyond loopback."""
+        self.sealed = sealed
         self._episodes: dict[str, Episode] = {}
+        self._tokens: dict[str, str] = {}
+        """Episode key -> the bearer token its requests must carry (sealed episodes only)."""
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -74,8 +76,8 @@ class GatewayServer:
             except OSError as exc:
                 raise UserError(f"the gateway cannot listen on {self.host}: {exc}", where="workflow.agent.host") \
                     from None
-            token = None if is_loopback(self.host) else self.token
-            app = build_app(self._lookup, sorted(self.roles), token)
+            app = build_app(self._lookup, sorted(self.roles), token=None, hosts=allowed_hosts(self.host),
+                            episode_token=self._tokens.get if self.sealed else None)
             config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False,
                                     lifespan="off")
             self._server = uvicorn.Server(config)
@@ -98,12 +100,19 @@ class GatewayServer:
         """Open the episode's door for the duration of the block; its base URL is ``base_url(episode)``."""
         self.start()
         episode = Episode(context, self.roles, asyncio.get_running_loop())
+        if self.sealed:
+            self._tokens[episode.key] = secrets.token_urlsafe(32)
         self._episodes[episode.key] = episode
         try:
             yield episode
         finally:
             episode.close()
             del self._episodes[episode.key]
+            self._tokens.pop(episode.key, None)
+
+    def token(self, episode: Episode) -> str:
+        """The sealed episode's bearer token (its agent's ``OPENAI_API_KEY``)."""
+        return self._tokens[episode.key]
 
     def base_url(self, episode: Episode) -> str:
         return f"{self.url}/e/{episode.key}/v1"

@@ -15,9 +15,11 @@ import secrets
 from typing import Any, Coroutine, Mapping
 
 from unimas.config import RoleConfig
-from unimas.controller.context import EpisodeContext, PromptTooLong
+from unimas.controller.context import EpisodeContext, PromptTooLong, UnsupportedControl
 from unimas.controller.router import Router
-from unimas.gateway.protocol import ChatCall, GatewayError
+from unimas.credit import clip_reward, is_finite_number
+from unimas.gateway.protocol import ChatCall, GatewayError, answer_parts, format_error
+from unimas.gateway.responses import ResponseHistory
 from unimas.gateway.tool_calls import called_turn_ids
 from unimas.trajectory import GraphTrajectory, TurnNode
 
@@ -45,6 +47,31 @@ def consumed_turns(trajectory: GraphTrajectory, messages: list[dict[str, Any]]) 
     return found
 
 
+def turn_options(call: ChatCall) -> dict[str, Any]:
+    """The generation controls of a request, as ``EpisodeContext.chat`` keywords."""
+    return {"tools": call.tools, "stop": call.stop, "response_prefix": call.forced, "token_texts": call.logprobs}
+
+
+def check_answer(turn: TurnNode, call: ChatCall) -> TurnNode:
+    """Record on the turn how its answer misses the request's ``response_format`` or forced ``tool_choice``.
+
+    Nothing is re-sampled: the miss is data for the rewards (``turn.format_error``) and is named in the
+    response's ``unimas.format_error``.
+    """
+    content, calls, _ = answer_parts(turn, bool(call.tools))
+    if call.tool_choice is not None and not calls:
+        turn.format_error = "tool_choice forced a call, but the answer is not a well-formed <tool_call> block"
+    else:
+        turn.format_error = format_error(content, call.response_format)
+    return turn
+
+
+def refused_control(exc: UnsupportedControl) -> GatewayError:
+    field = "tool_choice" if exc.control == "response_prefix" else exc.control
+    return GatewayError(400, f"'{field}' cannot be honoured: {exc}; leave '{field}' out for this role",
+                        param=field)
+
+
 class Episode:
     """One episode's door: its context, the rewards its agent posted, and whether it is still open."""
 
@@ -56,8 +83,10 @@ class Episode:
         self.roles = roles
         self.loop = loop
         self.open = True
-        self.rewards: dict[str, float] = {}
-        """Turn id -> reward the agent posted for it."""
+        self.rewards: dict[str, int | float] = {}
+        """Turn id -> reward the agent posted for it (a finite number, not yet clipped)."""
+        self.responses = ResponseHistory()
+        """The conversations of this episode's Responses API answers, for ``previous_response_id``."""
         self.fatal: BaseException | None = None
         """A failure that is not the agent's request's fault (a model group error): re-raised by the workflow."""
         self._inflight: set[concurrent.futures.Future] = set()
@@ -84,7 +113,9 @@ class Episode:
         limit = self.roles[call.role].generation.max_new_tokens
         overrides = {"max_new_tokens": min(call.overrides.get("max_new_tokens", limit), limit)}
         try:
-            return await self._on_episode_loop(self._turn(call, overrides))
+            return check_answer(await self._on_episode_loop(self._turn(call, overrides)), call)
+        except UnsupportedControl as exc:
+            raise refused_control(exc) from None
         except PromptTooLong as exc:
             self.fatal = self.fatal or exc
             raise GatewayError(400, str(exc), code="context_length_exceeded") from None
@@ -96,7 +127,7 @@ class Episode:
     async def _turn(self, call: ChatCall, overrides: dict[str, Any]) -> TurnNode:
         """On the episode's loop, so the graph is read and extended by one thread only."""
         after = consumed_turns(self.context.trajectory, call.messages)
-        return await self.context.chat(call.role, call.messages, after=after, tools=call.tools, **overrides)
+        return await self.context.chat(call.role, call.messages, after=after, **turn_options(call), **overrides)
 
     def post_reward(self, body: dict[str, Any]) -> dict[str, Any]:
         """Record ``{"turn": <turn or completion id>, "reward": <number>}`` for one of this episode's turns."""
@@ -105,15 +136,16 @@ class Episode:
                                code="episode_finished")
         turn = str(body.get("turn", "")).removeprefix("chatcmpl-").removeprefix(f"{self.key}:")
         reward = body.get("reward")
-        if not isinstance(reward, (int, float)) or isinstance(reward, bool) or reward != reward \
-                or abs(reward) == float("inf"):
-            raise GatewayError(400, "'reward' must be a finite number", param="reward")
+        if not is_finite_number(reward):
+            raise GatewayError(400, "'reward' must be a finite number (values beyond ±1e6 are clipped when "
+                                    "credited)", param="reward")
         known = {t.id for t in self.context.trajectory.turns()}
         if turn not in known:
             raise GatewayError(400, f"'turn' must be the id of one of this episode's turns (the completion id also "
                                     f"works): one of {', '.join(sorted(known)) or 'none yet'}", param="turn")
-        self.rewards[turn] = float(reward)
-        return {"turn": turn, "reward": float(reward)}
+        self.rewards[turn] = reward  # as posted: credit clips it, counts it and records the original
+        counted, clipped = clip_reward(reward)
+        return {"turn": turn, "reward": counted, "clipped": clipped}
 
 
 class Serving:
@@ -123,13 +155,18 @@ class Serving:
         self.roles = roles
         self.router = router
         self.served = 0
+        self.responses = ResponseHistory()
 
     async def chat(self, call: ChatCall) -> TurnNode:
         self.served += 1
         trajectory = GraphTrajectory(episode_id=f"serve-{self.served}", task_id="serve")
         context = EpisodeContext(trajectory, self.roles, self.router, tools={})
+        limit = self.roles[call.role].generation.max_new_tokens  # a request may lower it, never raise it
+        overrides = {**call.overrides, "max_new_tokens": min(call.overrides.get("max_new_tokens", limit), limit)}
         try:
-            return await context.chat(call.role, call.messages, tools=call.tools, **call.overrides)
+            return check_answer(await context.chat(call.role, call.messages, **turn_options(call), **overrides), call)
+        except UnsupportedControl as exc:
+            raise refused_control(exc) from None
         except PromptTooLong as exc:
             raise GatewayError(400, str(exc), code="context_length_exceeded") from None
         except Exception as exc:  # noqa: BLE001 - one failed request never stops the server

@@ -30,15 +30,32 @@ CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MAX_TOOLS = 64
 
 
-def parse_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The request's ``tools`` (function definitions), checked; None when it has none."""
+def forced_opening(name: str | None) -> str:
+    """The Hermes opening forced for ``tool_choice``: the call block and, for a named function, its name.
+
+    It ends where BPE tokenisers usually end a token (after ``": "`` or
+    ``":``), so that the forced ids are the ones the model would have produced.
+    """
+    if name is None:
+        return '<tool_call>\n{"name": "'
+    return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments":'
+
+
+def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str | None, str]:
+    """(the request's checked ``tools`` or None, the forced choice, the forced opening of the answer).
+
+    ``tool_choice``: ``auto`` (the model's own choice), ``none`` (tools are
+    not rendered and the answer is not read for calls), ``required`` (the
+    answer is forced to open a call block) or a named function (forced to
+    open a call of that function). The forced opening is prompt-side text
+    (see ``TurnNode.forced_ids``): the model samples the rest of the call.
+    """
     tools = body.get("tools")
     choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise GatewayError(400, "'tool_choice' may be 'auto' or 'none': the gateway samples the model's own "
-                                "choice and cannot force a call", param="tool_choice")
     if tools in (None, []) or choice == "none":
-        return None
+        if isinstance(choice, dict) or choice == "required":
+            raise GatewayError(400, "'tool_choice' forces a call but the request has no 'tools'", param="tool_choice")
+        return None, None, ""
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise GatewayError(400, f"'tools' must be a list of at most {MAX_TOOLS} function definitions", param="tools")
     for i, tool in enumerate(tools):
@@ -47,7 +64,17 @@ def parse_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
                 and isinstance(function.get("name"), str) and function["name"]):
             raise GatewayError(400, f"tools[{i}] must be {{type: function, function: {{name, description, "
                                     "parameters}}}}", param=f"tools[{i}]")
-    return tools
+    if choice in (None, "auto"):
+        return tools, None, ""
+    if choice == "required":
+        return tools, "required", forced_opening(None)
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" \
+        else None
+    names = [tool["function"]["name"] for tool in tools]
+    if not isinstance(named, str) or named not in names:
+        raise GatewayError(400, "'tool_choice' must be auto, none, required or {type: function, function: {name}} "
+                                f"naming one of the tools ({', '.join(names)})", param="tool_choice")
+    return tools, named, forced_opening(named)
 
 
 def assistant_calls(message: dict[str, Any], where: str) -> list[dict[str, Any]]:

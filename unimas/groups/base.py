@@ -15,7 +15,7 @@ classmethod; see :class:`unimas.protocols.Backend`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,6 +36,8 @@ class Continuation:
     prompt_ids: list[int]
     response_ids: list[int]
     finished: bool
+    tools: Optional[list[dict[str, Any]]] = None
+    """The function definitions the previous turn was rendered with: the ids extend only under the same list."""
 
 
 @dataclass
@@ -56,6 +58,14 @@ class GenRequest:
     """False: a prompt longer than the context is not cut: the result comes back empty with ``truncated``."""
     tools: Optional[list[dict[str, Any]]] = None
     """Function definitions handed to the chat template with ``messages`` (the gateway's ``tools``)."""
+    stop: Optional[list[str]] = None
+    """Stop strings: sampling of this request ends at the token whose decoded text completes one (kept in
+    ``response_ids``; the result's ``text`` ends before the stop string)."""
+    response_prefix: str = ""
+    """Text forced at the start of the answer (the gateway's ``tool_choice``): its ids are appended to the
+    prompt ids — context the answer is sampled after, never trained as sampled."""
+    token_texts: bool = False
+    """Also return each response token's text (the gateway's ``logprobs``)."""
 
 
 @dataclass
@@ -77,6 +87,17 @@ class GenResult:
     """The prompt ids extend the continuation's prompt + response ids exactly."""
     truncated: bool = False
     """The prompt was cut to fit the model's context (``roles.<role>.truncation: left``)."""
+    stop: Optional[str] = None
+    """The stop string of the request that ended sampling (None: EOS, the token limit, or no stop strings)."""
+    forced_ids: list[int] = field(default_factory=list)
+    """The ids of the request's ``response_prefix``: the last ids of ``prompt_ids``."""
+    token_texts: list[str] = field(default_factory=list)
+    """Each response token as text, when the request asked for them."""
+    controls: list[str] = field(default_factory=list)
+    """The request controls the backend applied (``stop``, ``response_prefix``): a caller that asked for one
+    the backend does not list refuses the result rather than pass it off as honoured."""
+    rerendered: str = ""
+    """Why the prompt was rendered afresh although a continuation was offered (empty: continued, or none)."""
     weight_version: Optional[int] = None
     """How many updates the group had made when it sampled this (its weight version); None: the backend does
     not count. The trainer bounds and reports staleness with it (``algorithm.max_staleness``)."""
@@ -105,6 +126,14 @@ class TrainTurn:
     episode: str = ""
     """The episode the turn belongs to: a sequential update order relates a role's turns to the turns of the
     same episode that earlier stages already trained (their probability ratios)."""
+    role: str = ""
+    """The role that acted: a group with a critic chains the turns of one (episode, role), in list order, into
+    one GAE sequence (docs/critic.md)."""
+    reward: float = 0.0
+    """The turn's credit scalar: what a group with a critic puts on the turn's last token for GAE."""
+    token_advantages: Optional[list[float]] = None
+    """One advantage per response token (a critic's GAE, set inside the group); None: ``advantage`` on every
+    token."""
 
 
 class NoOptions(BaseModel):
@@ -129,6 +158,9 @@ class GroupSpec:
     """The global algorithm with this group's overrides applied."""
     policy_loss: Any = None
     """The resolved policy-loss function (plugin or verl) for ``algorithm.loss``."""
+    estimator: Any = None
+    """The resolved estimator (:class:`unimas.algorithms.Estimator`) when the group has a critic: it computes
+    token-level advantages from the critic's values inside the group."""
     total_updates: int = 0
     """Updates the run will make (``trainer.steps``): the horizon of learning-rate schedules."""
 

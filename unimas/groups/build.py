@@ -40,11 +40,17 @@ def backend_options(config: ExperimentConfig, registry: Registry, name: str):
 def group_spec(config: ExperimentConfig, registry: Registry, name: str) -> GroupSpec:
     algorithm = config.algorithm_for(name)
     group = config.models[name]
-    policy_loss = (algorithms.resolve_policy_loss(algorithm.loss, registry, where=f"models.{name}.algorithm.loss")
+    params_where = (f"models.{name}.algorithm.loss_params" if group.algorithm.loss_params is not None
+                    else "algorithm.loss_params")
+    policy_loss = (algorithms.resolve_policy_loss(algorithm.loss, registry, where=f"models.{name}.algorithm.loss",
+                                                  params=algorithm.loss_params, params_where=params_where)
                    if group.trainable else None)
+    estimator = (algorithms.resolve_estimator(config.algorithm.estimator, registry, config.algorithm.estimator_params)
+                 if group.trainable and group.critic is not None else None)
     return GroupSpec(name=name, config=group, options=backend_options(config, registry, name),
                      adapters=adapters_of(config, name), seed=group_seed(config.trainer.seed, name),
-                     algorithm=algorithm, policy_loss=policy_loss, total_updates=config.trainer.steps)
+                     algorithm=algorithm, policy_loss=policy_loss, estimator=estimator,
+                     total_updates=config.trainer.steps)
 
 
 def build_group(config: ExperimentConfig, registry: Registry, name: str) -> ModelGroup:

@@ -14,6 +14,7 @@ from unimas.errors import UserError
 from unimas.report.data import load_run
 from unimas.report.html import render
 from unimas.report.plots import write_plots
+from unimas.rundir import RunDir
 
 
 def write_report(run_dir: Path) -> Path:
@@ -27,8 +28,8 @@ def write_report(run_dir: Path) -> Path:
     for item in run.skipped:
         print(f"warning: {run_dir / item.file}" + (f":{item.line}" if item.line else "") + f": {item.why}",
               file=sys.stderr)
-    path = run_dir / "report.html"
-    target = run_dir / "plots"
+    owner = RunDir(run_dir)  # a symlinked plots/ or report.html leading out of the run is refused (exit 2)
+    path, target = owner.owned(run_dir / "report.html"), owner.owned(run_dir / "plots")
     try:
         images = write_plots(run, target)
         target = path

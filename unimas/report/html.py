@@ -25,7 +25,13 @@ def _asset(name: str) -> str:
 
 
 def _number(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    """A metric value as short text: floats (NaN and ±inf included) and long integers in 4 digits."""
+    if isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**16):
+        try:
+            return f"{value:.4g}"
+        except OverflowError:  # an integer beyond any float
+            return f"{'-' if value < 0 else ''}an integer of {value.bit_length()} bits"
+    return str(value)
 
 
 def header(run: RunData) -> str:

@@ -22,12 +22,25 @@ ROLE_METRICS = ["format_error_rate", "response_length", "advantage_std", "zero_v
 LINE_STYLES = ["-", "--", ":", "-."]
 """Cycled per line so that identical series (e.g. roles sharing a team reward) stay distinguishable."""
 EPISODE_METRICS = ["episode/turns", "episode/tool_calls", "episode/failures", "episode/wall_s", "time/step_s"]
+PLOT_LIMIT = 1e300
+"""Largest magnitude drawn. Matplotlib's axis arithmetic (the span, its margins, tick steps) overflows for
+values near the float maximum, so ±1e308 on one axis would stop the whole report; such points are left out
+and counted on the plot instead."""
+LEFT_OUT = "{count} not drawn (NaN, ±inf, text or |value| > 1e300)"
 
 
-def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of the records that carry a finite number under ``key``."""
-    points = [(r["step"], finite(r.get(key))) for r in records]
-    return [s for s, v in points if v is not None], [v for _, v in points if v is not None]
+def plottable(value: Any) -> float | None:
+    """``value`` as a float a plot can take, or None (text, bool, NaN, ±inf, magnitude over ``PLOT_LIMIT``)."""
+    number = finite(value)
+    return number if number is not None and abs(number) <= PLOT_LIMIT else None
+
+
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float], int]:
+    """(steps, values) of the records that carry a plottable number under ``key``, and how many records carry
+    something else there (text, NaN, ±inf, a huge number, or a step too large to plot): those are left out."""
+    points = [(plottable(r["step"]), plottable(r[key])) for r in records if r.get(key) is not None]
+    kept = [(s, v) for s, v in points if s is not None and v is not None]
+    return [s for s, _ in kept], [v for _, v in kept], len(points) - len(kept)
 
 
 def _grid(count: int, columns: int = 3) -> tuple[Figure, list[Axes]]:
@@ -44,11 +57,18 @@ def _empty(axes: Axes, message: str) -> None:
     axes.text(0.5, 0.5, message, ha="center", va="center", transform=axes.transAxes, color="0.4")
 
 
+def _mark_left_out(axes: Axes, count: int) -> None:
+    if count:
+        axes.text(0.01, 0.01, LEFT_OUT.format(count=count), ha="left", va="bottom", transform=axes.transAxes,
+                  color="C3", fontsize=7)
+
+
 def _lines(axes: Axes, records: list[dict[str, Any]], keys: dict[str, str], title: str) -> None:
     """One line per label -> metric key; a note instead of an empty frame."""
-    drawn = False
+    drawn, left_out = False, 0
     for index, (label, key) in enumerate(keys.items()):
-        steps, values = series(records, key)
+        steps, values, skipped = series(records, key)
+        left_out += skipped
         if steps:
             axes.plot(steps, values, marker="o" if len(steps) < 20 else None, markersize=3, label=label,
                       linestyle=LINE_STYLES[index % len(LINE_STYLES)])
@@ -58,9 +78,10 @@ def _lines(axes: Axes, records: list[dict[str, Any]], keys: dict[str, str], titl
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.grid(alpha=0.3)
     if not drawn:
-        _empty(axes, "not logged yet")
+        _empty(axes, "not logged yet" if not left_out else "nothing drawable")
     elif len(keys) > 1:
         axes.legend(fontsize=8)
+    _mark_left_out(axes, left_out)
 
 
 def reward_plot(run: RunData) -> Figure:
@@ -68,10 +89,11 @@ def reward_plot(run: RunData) -> Figure:
     figure, (train, evaluation) = _grid(2, 2)
     keys = {"all episodes": "reward/mean"} | {role: f"role/{role}/reward_mean" for role in run.roles}
     _lines(train, run.train_records, keys, "training reward (per role = mean turn credit)")
-    steps, means = series(run.train_records, "reward/mean")
-    _, stds = series(run.train_records, "reward/std")
-    if steps and len(stds) == len(means):
-        train.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+    means = dict(zip(*series(run.train_records, "reward/mean")[:2]))
+    stds = dict(zip(*series(run.train_records, "reward/std")[:2]))
+    steps = [step for step in means if step in stds]
+    if steps:
+        train.fill_between(steps, [means[s] - stds[s] for s in steps], [means[s] + stds[s] for s in steps],
                            alpha=0.15, color="C0")
     eval_keys = {"accuracy": "eval/accuracy"} | {role: f"eval/role/{role}/reward_mean" for role in run.roles}
     _lines(evaluation, run.records, eval_keys, "evaluation")
@@ -110,10 +132,12 @@ def distribution_plot(run: RunData) -> Figure:
     figure, axes = _grid(max(1, len(run.roles)))
     for ax, role in zip(axes, run.roles or ["(no roles)"]):
         ax.set_title(f"{role}: turn reward", fontsize=10)
-        drawn = False
+        drawn, left_out = False, 0
         for index, (label, chosen) in enumerate(phases.items()):
-            values = [n["reward"] for e in episodes if e["step"] in chosen for n in e["nodes"]
-                      if n.get("role") == role and n.get("reward") is not None]
+            rewards = [n["reward"] for e in episodes if e["step"] in chosen for n in e["nodes"]
+                       if n.get("role") == role and n.get("reward") is not None]
+            values = [v for v in map(plottable, rewards) if v is not None]
+            left_out += len(rewards) - len(values)
             if values:
                 span = f"steps {min(chosen)}-{max(chosen)}"
                 ax.hist(values, bins=20, alpha=0.55, color=f"C{index}", label=f"{label} ({span})")
@@ -122,6 +146,7 @@ def distribution_plot(run: RunData) -> Figure:
             ax.legend(fontsize=8)
         else:
             _empty(ax, "no sampled training episodes")
+        _mark_left_out(ax, left_out)
     return figure
 
 

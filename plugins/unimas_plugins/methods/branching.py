@@ -19,6 +19,10 @@ turns as plain GRPO, fewer tokens (the prefixes are replayed, not sampled).
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt
+
 from unimas.controller.episodes import EpisodeSpec
 from unimas.controller.forking import surprisal
 from unimas.rollout import RolloutSession, by_task, episode_return
@@ -48,11 +52,18 @@ def choose_forks(roots: list[GraphTrajectory], siblings: int, trigger: str,
 
 
 class EntropyBranch:
-    def __init__(self, roots: int = 4, siblings: int = 1, trigger: str = "entropy", min_turn: int = 1):
-        if trigger not in ("entropy", "mixed"):
-            raise ValueError(f"trigger must be 'entropy' or 'mixed', not {trigger!r}")
-        if roots < 1 or siblings < 1 or min_turn < 0:
-            raise ValueError("roots and siblings must be >= 1, min_turn >= 0")
+    uses_forks = True
+    """Forks recorded episodes: not for `workflow.agent` programs (validation refuses the pair)."""
+
+    def __init__(
+        self,
+        roots: Annotated[PositiveInt, Field(description="episodes per task run from scratch")] = 4,
+        siblings: Annotated[PositiveInt, Field(description="forks of each root at its chosen turn")] = 1,
+        trigger: Annotated[Literal["entropy", "mixed"], Field(
+            description="where to fork: the highest-surprisal turn, or the last turn of tasks with mixed "
+                        "returns")] = "entropy",
+        min_turn: Annotated[NonNegativeInt, Field(description="earliest turn index a fork may start at")] = 1,
+    ):
         self.roots, self.siblings, self.trigger, self.min_turn = roots, siblings, trigger, min_turn
 
     async def rollout(self, session: RolloutSession, specs: list[EpisodeSpec]) -> list[GraphTrajectory]:

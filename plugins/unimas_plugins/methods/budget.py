@@ -12,6 +12,10 @@ evenly, so the sampled episodes per step never exceed plain GRPO's.
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field
+
 from unimas.controller.episodes import EpisodeSpec
 from unimas.rollout import RolloutSession, by_task, episode_return
 from unimas.trajectory import GraphTrajectory
@@ -27,9 +31,12 @@ def extra_samples(returns: dict[str, list[float]], budget: int) -> dict[str, int
 
 
 class AdaptiveBudget:
-    def __init__(self, probe: int = 4, drop_zero_variance: bool = True):
-        if probe < 2:
-            raise ValueError("probe must be >= 2: a variance needs two samples")
+    def __init__(
+        self,
+        probe: Annotated[int, Field(ge=2, description="first episodes per task; a variance needs two")] = 4,
+        drop_zero_variance: Annotated[bool, Field(description="drop the probes of tasks whose returns are all "
+                                                              "equal (unless every task is flat)")] = True,
+    ):
         self.probe, self.drop_zero_variance = probe, drop_zero_variance
 
     async def rollout(self, session: RolloutSession, specs: list[EpisodeSpec]) -> list[GraphTrajectory]:

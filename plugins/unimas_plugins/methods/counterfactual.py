@@ -14,6 +14,7 @@ their task and role. Pair with ``estimator: passthrough``.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 from unimas.credit import CreditedTurn
 
@@ -30,7 +31,7 @@ def decision_key(c: CreditedTurn, forked_points: set[tuple[str, str]]) -> str | 
     return None
 
 
-def counterfactual():
+def counterfactual() -> Callable[[list[CreditedTurn]], list[float]]:
     def shape(turns: list[CreditedTurn]) -> list[float]:
         forked_points = {(c.trajectory.forked_from, c.trajectory.fork_turn) for c in turns
                          if c.trajectory.forked_from is not None}

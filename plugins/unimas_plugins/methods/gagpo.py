@@ -18,12 +18,22 @@ Pair with ``estimator: passthrough``.
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field, PositiveFloat
+
 from unimas.credit import CreditedTurn
 
 from ._common import episode_return, group_means, history_key
 
 
-def gagpo(gamma: float = 1.0, lam: float = 1.0, normalize: bool = False, epsilon: float = 1e-6):
+def gagpo(
+    gamma: Annotated[float, Field(ge=0, le=1, description="discount between a turn's state and the next")] = 1.0,
+    lam: Annotated[float, Field(ge=0, le=1, description="GAE mixing: 0 = one-step TD, 1 = the whole return")] = 1.0,
+    normalize: Annotated[bool, Field(description="divide by the std of the advantages of each task/role "
+                                                 "group")] = False,
+    epsilon: Annotated[PositiveFloat, Field(description="added to that std")] = 1e-6,
+):
     def shape(turns: list[CreditedTurn]) -> list[float]:
         episodes = list({id(c.trajectory): c.trajectory for c in turns}.values())
         returns = {id(t): episode_return(t) for t in episodes}

@@ -7,15 +7,17 @@ other; GDPO normalises each channel within the turn's group, sums them with
 ``weights`` and whitens the sum. The per-turn channel values are the raw
 values each entry stored on the trajectory (a number reaches every turn; a
 dict is read by the turn's role, then its id). This calls verl's own
-implementation. Pair with ``estimator: passthrough``.
+implementation. Pair with ``estimator: passthrough``. Its parameters are an
+explicit pydantic model (:class:`GdpoParams`): ``weights`` must match ``channels``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from unimas.credit import CreditedTurn
 
@@ -26,11 +28,24 @@ def channel_value(raw: Any, role: str, turn_id: str) -> float:
     return float(raw)
 
 
+class GdpoParams(BaseModel):
+    """``algorithm.credit.params`` of ``gdpo``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    channels: list[str] = Field(..., min_length=1, description="reward keys (`rewards[].name`) normalised "
+                                "separately")
+    weights: Optional[list[float]] = Field(None, description="one weight per channel for the sum; null = equal")
+    norm_by_std: bool = Field(True, description="divide each channel's group-centred values by their std")
+
+    @model_validator(mode="after")
+    def _one_weight_per_channel(self) -> "GdpoParams":
+        if self.weights is not None and len(self.weights) != len(self.channels):
+            raise ValueError(f"'weights' needs one number per channel ({len(self.channels)})")
+        return self
+
+
 def gdpo(channels: list[str], weights: list[float] | None = None, norm_by_std: bool = True):
-    if not channels:
-        raise ValueError("list the reward keys to normalise separately under 'channels'")
-    if weights is not None and len(weights) != len(channels):
-        raise ValueError("'weights' needs one number per channel")
 
     def shape(turns: list[CreditedTurn]) -> list[float]:
         from verl.trainer.config import AlgoConfig
@@ -49,3 +64,6 @@ def gdpo(channels: list[str], weights: list[float] | None = None, norm_by_std: b
         return advantages[:, 0].tolist()
 
     return shape
+
+
+gdpo.params = GdpoParams  # type: ignore[attr-defined]

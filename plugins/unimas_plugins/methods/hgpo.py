@@ -13,14 +13,21 @@ Pair with ``estimator: passthrough``.
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field, PositiveFloat
+
 from unimas.credit import CreditedTurn
 
 from ._common import group_means, history_key
 
 
-def hgpo(alpha: float = 2.0, norm_by_std: bool = True, epsilon: float = 1e-6):
-    if alpha <= 0:
-        raise ValueError("alpha must be > 0")
+def hgpo(
+    alpha: Annotated[PositiveFloat, Field(description="weight base of the levels: level l counts alpha ** l (> 1 "
+                                                      "trusts the narrower same-history groups more)")] = 2.0,
+    norm_by_std: Annotated[bool, Field(description="divide each group-centred reward by its group's std")] = True,
+    epsilon: Annotated[PositiveFloat, Field(description="added to that std")] = 1e-6,
+):
 
     def shape(turns: list[CreditedTurn]) -> list[float]:
         keys = [[f"{c.trajectory.task_id}|{c.turn.role}", history_key(c.trajectory, c.turn)] for c in turns]

@@ -4,8 +4,8 @@ Seed: M2PO (reference/seed-papers.md, 000:183) "constrains the second moment
 of importance weights; masks only extreme outliers under high staleness".
 With ``r = log pi_new - log pi_old`` per token, the tokens with the largest
 ``|r|`` are masked, one by one, until the mean of ``r**2`` over the remaining
-tokens is at most ``tau`` (``algorithm.loss_params`` do not exist, so ``tau``
-is the clip config's ``clip_ratio ** 2 / 4``: 0.01 for the default 0.2). The
+tokens is at most ``tau`` (``algorithm.loss_params: {tau: ...}``; unset, the
+clip config's ``clip_ratio ** 2 / 4``: 0.01 for the default 0.2). The
 surviving tokens get the unclipped importance-weighted policy gradient
 ``-A * exp(r)``. A first pass over fresh turns masks nothing (``r = 0``); later
 epochs or mini-batches do. The torch backend trains stale turns with decoupled
@@ -15,7 +15,10 @@ advantage), so staleness alone does not reach this loss's ratios.
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
 import torch
+from pydantic import Field, PositiveFloat
 
 from unimas.algorithms import agg_loss
 
@@ -37,10 +40,14 @@ def second_moment_mask(log_ratio: torch.Tensor, mask: torch.Tensor, tau: float) 
     return out.to(mask.dtype)
 
 
-def m2po(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None):
-    clip = getattr(config, "clip_ratio", 0.2) if config is not None else 0.2
+def m2po(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, *,
+         tau: Annotated[Optional[PositiveFloat], Field(description="bound (> 0) on the mean squared log-ratio of "
+                                                         "the kept tokens; null = clip_ratio ** 2 / 4")] = None):
+    if tau is None:
+        clip = getattr(config, "clip_ratio", 0.2) if config is not None else 0.2
+        tau = clip ** 2 / 4
     log_ratio = log_prob - old_log_prob
-    kept = second_moment_mask(log_ratio, response_mask, tau=clip ** 2 / 4)
+    kept = second_moment_mask(log_ratio, response_mask, tau=tau)
     per_token = -advantages * torch.exp(log_ratio)
     loss = agg_loss(per_token, kept, loss_agg_mode)
     masked = 1.0 - kept.sum() / response_mask.sum().clamp(min=1)

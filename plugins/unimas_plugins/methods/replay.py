@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, FiniteFloat, NonNegativeInt, PositiveInt, Strict, StrictStr, TypeAdapter
 
 from unimas.controller.episodes import EpisodeSpec
 from unimas.replay import replayed_copy
 from unimas.rollout import RolloutSession, by_task, episode_return
 from unimas.trajectory import GraphTrajectory
+
+
+_STATE = TypeAdapter(list[tuple[StrictStr, list[tuple[Annotated[NonNegativeInt, Strict()], StrictStr]]]])
+"""What :meth:`VerifiedSuccesses.state` returns, as JSON gives it back (tuples arrive as lists)."""
 
 
 def task_identity(task: dict[str, Any]) -> str:
@@ -29,10 +35,17 @@ def task_identity(task: dict[str, Any]) -> str:
 
 
 class VerifiedSuccesses:
-    def __init__(self, threshold: float = 1.0, per_task: int = 2, per_group: int = 1, revisit: float = 0.25,
-                 max_age: int = 50):
-        if not 0 <= revisit <= 1:
-            raise ValueError("revisit is a fraction of the step's tasks, between 0 and 1")
+    def __init__(
+        self,
+        threshold: Annotated[FiniteFloat, Field(description="an episode whose return reaches it is kept")] = 1.0,
+        per_task: Annotated[PositiveInt, Field(description="newest successes kept per dataset row")] = 2,
+        per_group: Annotated[PositiveInt, Field(description="stored successes mixed into a group whose fresh "
+                                                            "episodes all fall short")] = 1,
+        revisit: Annotated[float, Field(ge=0, le=1, description="share of a step's tasks swapped for stored "
+                                                                "rows")] = 0.25,
+        max_age: Annotated[PositiveInt, Field(description="steps after which a row's successes are "
+                                                          "forgotten")] = 50,
+    ):
         self.threshold, self.per_task, self.per_group = threshold, per_task, per_group
         self.revisit_share, self.max_age = revisit, max_age
         self.kept: OrderedDict[str, list[tuple[GraphTrajectory, int]]] = OrderedDict()
@@ -61,8 +74,10 @@ class VerifiedSuccesses:
         return [[key, [[step, traj.to_json()] for traj, step in stored]] for key, stored in self.kept.items()]
 
     def load_state(self, state: list) -> None:
-        self.kept = OrderedDict((key, [(GraphTrajectory.from_json(text), int(step)) for step, text in stored])
-                                for key, stored in state)
+        """Restore :meth:`state`'s list; one of another shape is refused (a ``ValidationError``) before any change."""
+        checked = _STATE.validate_python(state)
+        self.kept = OrderedDict((key, [(GraphTrajectory.from_json(text), step) for step, text in stored])
+                                for key, stored in checked)
 
     def mix(self, fresh: list[GraphTrajectory], session: RolloutSession) -> list[GraphTrajectory]:
         session.score(fresh)

@@ -18,15 +18,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Optional
+from typing import Annotated, Mapping, Optional
+
+from pydantic import Field
 
 from unimas.groups.base import TrainTurn
 
 
 class ReverseExecution:
-    def __init__(self, damp: float = 0.0, ratio_clip: float = 0.0):
-        if damp < 0 or not 0 <= ratio_clip < 1:
-            raise ValueError("damp must be >= 0 and ratio_clip in [0, 1)")
+    def __init__(
+        self,
+        damp: Annotated[float, Field(ge=0, description="scale a role's advantages by exp(-damp * ppo_kl) of the "
+                                                       "roles updated before it; 0 = off")] = 0.0,
+        ratio_clip: Annotated[float, Field(ge=0, lt=1, description="> 0: weigh each turn's advantage by the "
+                                                                   "earlier stages' ratios in its episode, clipped "
+                                                                   "to [1 - ratio_clip, 1 + ratio_clip]")] = 0.0,
+    ):
         self.damp, self.ratio_clip = damp, ratio_clip
 
     @property

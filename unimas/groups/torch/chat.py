@@ -9,15 +9,24 @@ the generation prompt). Sampled text is never re-tokenised, so the ids a
 turn is trained on are exactly the ids the model saw and produced.
 
 The added part is found by rendering the conversation twice as text and
-taking the difference. When a template does not render a conversation as a
-prefix of its continuation (Qwen3-style templates drop earlier reasoning),
-the turn is rendered afresh and marked ``continued=False`` — the documented
-exception.
+taking the difference. The previous answer's place in the conversation is
+taken by the ids the model sampled, whatever the agent sends back for it:
+its text, or the structured ``tool_calls`` parsed out of it (the template's
+own rendering of the call, which may space or order the JSON otherwise, is
+never tokenised in its place). Function definitions are part of the
+rendering: a turn extends the previous ids only under the same tool list.
+
+A turn is rendered afresh and marked ``continued=False`` with the reason in
+``rerendered`` when the messages do not extend the role's previous
+conversation, the tool list changed, the template does not render a
+conversation as a prefix of its continuation (Qwen3-style templates drop
+earlier reasoning), or the end of the answer cannot be told apart in the
+template's rendering — the documented exceptions.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -34,6 +43,10 @@ class RenderedPrompt:
     """True when ``ids`` extend the previous turn's prompt + response ids exactly."""
     truncated: bool = False
     """Longer than the context allows (cut from the left, unless its request forbids cutting)."""
+    rerendered: str = ""
+    """Why a continuation that was offered was not used (empty when ``continued`` or none was offered)."""
+    forced_ids: list[int] = field(default_factory=list)
+    """Ids of a forced answer opening appended to ``ids`` (the request's ``response_prefix``)."""
 
 
 class PlainPromptIds:
@@ -79,40 +92,66 @@ def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+ANSWER_PROBE = "\x00unimas-answer\x00"
+"""Content of a stand-in answer, rendered to find what a template writes after an assistant message."""
+
+
 def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]],
                 continuation: Continuation | None, tools: Sequence[dict[str, Any]] | None = None) -> RenderedPrompt:
     """Ids of ``messages`` + generation prompt; extends ``continuation`` exactly when it is a prefix.
 
-    With ``tools`` (function definitions, rendered by the template, usually into the system block) the
-    prompt is rendered whole: the previous turn's ids were rendered with its own tool list.
+    ``tools``: function definitions, rendered by the template (usually into the system block).
     """
     full = _render(tokenizer, messages, generation_prompt=True, tools=tools)
-    if continuation is not None and not tools:
-        extended = _extend(tokenizer, messages, continuation, full)
+    reason = ""
+    if continuation is not None:
+        extended, reason = _extend(tokenizer, messages, continuation, full, tools)
         if extended is not None:
             return extended
     ids = _encode(tokenizer, full)
-    return RenderedPrompt(ids, tokenizer.decode(ids, skip_special_tokens=False), continued=False)
+    return RenderedPrompt(ids, tokenizer.decode(ids, skip_special_tokens=False), continued=False, rerendered=reason)
 
 
 def _extend(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]], previous: Continuation,
-            full: str) -> RenderedPrompt | None:
-    """previous prompt ids + sampled ids + ids of the template text that follows them, or None if no prefix."""
+            full: str, tools: Sequence[dict[str, Any]] | None) -> tuple[RenderedPrompt | None, str]:
+    """(previous prompt ids + sampled ids + ids of the template text that follows them, "") or (None, why not)."""
+    if list(previous.tools or []) != list(tools or []):
+        return None, "the tool list differs from the role's previous turn"
     if not extends(messages, previous):
-        return None
+        return None, "the messages do not extend the role's previous conversation"
     answered = list(messages[: len(previous.messages) + 1])
-    opened = _render(tokenizer, previous.messages, generation_prompt=True)  # ... <|im_start|>assistant\n
-    closed = _render(tokenizer, answered, generation_prompt=False)  # ... <|im_start|>assistant\n{text}<|im_end|>\n
-    content = answered[-1]["content"]
-    if not (closed.startswith(opened) and closed[len(opened):].startswith(content) and full.startswith(closed)):
-        return None
-    closing = closed[len(opened) + len(content):]  # what the template writes after the answer
+    opened = _render(tokenizer, previous.messages, generation_prompt=True, tools=tools)  # ... <|im_start|>assistant\n
+    closed = _render(tokenizer, answered, generation_prompt=False, tools=tools)  # ... assistant\n{answer}<|im_end|>\n
+    if not (closed.startswith(opened) and full.startswith(closed)):
+        return None, "the chat template does not render the conversation as a prefix of its continuation"
+    closing = _closing(tokenizer, previous.messages, answered[-1], closed[len(opened):], opened, tools)
+    if closing is None:
+        return None, "the end of the previous answer cannot be found in the chat template's rendering"
     sampled_end = tokenizer.decode(previous.response_ids[-1:], skip_special_tokens=False) if previous.finished else ""
     if sampled_end and closing.startswith(sampled_end):
         closing = closing[len(sampled_end):]  # the model already produced the end-of-turn token
     added = _encode(tokenizer, closing + full[len(closed):])
     ids = list(previous.prompt_ids) + list(previous.response_ids) + added
-    return RenderedPrompt(ids, tokenizer.decode(ids, skip_special_tokens=False), continued=True)
+    return RenderedPrompt(ids, tokenizer.decode(ids, skip_special_tokens=False), continued=True), ""
+
+
+def _closing(tokenizer: PreTrainedTokenizerBase, before: Sequence[dict[str, Any]], answer: dict[str, Any],
+             rendered: str, opened: str, tools: Sequence[dict[str, Any]] | None) -> str | None:
+    """What the template writes after the answer's body in ``rendered`` (the answer as rendered), or None.
+
+    A plain answer's body is its content. One with ``tool_calls`` is written
+    by the template in its own way, so the closing is read off a stand-in
+    answer and must end ``rendered``.
+    """
+    content = answer.get("content") or ""
+    if not answer.get("tool_calls") and rendered.startswith(content):
+        return rendered[len(content):]
+    probe = _render(tokenizer, [*before, {"role": "assistant", "content": ANSWER_PROBE}], generation_prompt=False,
+                    tools=tools)
+    if not probe.startswith(opened + ANSWER_PROBE):
+        return None
+    closing = probe[len(opened) + len(ANSWER_PROBE):]
+    return closing if rendered.endswith(closing) and len(rendered) >= len(closing) else None
 
 
 def extends(messages: Sequence[dict[str, Any]], previous: Continuation) -> bool:

@@ -11,7 +11,9 @@ bit-identically. Nothing is unpickled: tensors load with
 load (truncated, foreign, a pickle payload, other shapes) is a
 :class:`UserError` naming it. The optimiser's rate, betas and weight decay
 come from the config in force, not from the saved state, so a resume with a
-changed ``optim.lr`` trains with the new one.
+changed ``optim.lr`` trains with the new one. ``rng.pt`` is checked against
+:class:`RngState`, and a pickle-format weights file (``pytorch_model.bin``
+and the like) found among the weights is refused, never skipped silently.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
@@ -31,9 +34,52 @@ if TYPE_CHECKING:
     from unimas.groups.torch.group import TorchModelGroup
 
 MODEL_DIR, ADAPTER_DIR, REFERENCE_DIR = "model", "adapters", "reference"
+CRITIC_DIR = "critic"
+"""The group's value model, optimiser and schedule (``unimas.groups.torch.critic``): resume-only."""
 OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE = "optimizer.pt", "scheduler.pt", "rng.pt"
 RESUME_ONLY_FILES = (OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE)
 """Needed to continue a run exactly, not to start a new one from the weights (``init_from``)."""
+PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+"""Weight-file suffixes of pickle formats: a checkpoint's weights are safetensors, so one of these is planted."""
+
+
+class RngState(BaseModel):
+    """``rng.pt``: the group's sampling generator state and its update count."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, arbitrary_types_allowed=True)
+    generator: torch.Tensor
+    weight_version: int = Field(0, ge=0, description="absent in states saved before versions were counted")
+
+    @field_validator("generator")
+    @classmethod
+    def _generator_bytes(cls, value: torch.Tensor) -> torch.Tensor:
+        if value.dtype != torch.uint8 or value.dim() != 1:
+            raise ValueError(f"must be a 1-D uint8 tensor (a torch.Generator state), not {value.dtype} "
+                             f"with shape {tuple(value.shape)}")
+        return value
+
+
+def refuse_pickled_weights(directory: Path) -> None:
+    """A :class:`UserError` naming the first pickle-format file in a weights dir (``model/``, an adapter)."""
+    for path in sorted(Path(directory).rglob("*")):
+        if path.suffix in PICKLED_WEIGHTS and path.is_file():
+            raise UserError("refused: a pickle-format weights file; unimas writes weights as safetensors and "
+                            "never unpickles, so this file was put here by something else (delete it)",
+                            where=str(path))
+
+
+def check_weights(directory: Path) -> None:
+    """Check a saved group's weights without loading them: no pickle-format file, every safetensors header readable.
+
+    What a resume checks in a snapshot it may play later, so a bad snapshot
+    makes its checkpoint unusable instead of stopping the run when it is played.
+    """
+    from safetensors import safe_open
+
+    refuse_pickled_weights(directory)
+    for path in sorted(Path(directory).rglob("*.safetensors")):
+        with reading(path), safe_open(path, framework="pt") as handle:
+            handle.keys()
 
 
 def clean_base_name(key: str) -> Optional[str]:
@@ -98,6 +144,8 @@ def save_group(group: "TorchModelGroup", directory: Path) -> None:
         torch.save(group.scheduler.state_dict(), directory / SCHEDULER_FILE)
     torch.save({"generator": group.generator.get_state(), "weight_version": group.weight_version},
                directory / RNG_FILE)
+    if group.critic is not None:
+        group.critic.save(directory / CRITIC_DIR)
 
 
 def load_group(group: "TorchModelGroup", directory: Path) -> None:
@@ -119,10 +167,13 @@ def load_group(group: "TorchModelGroup", directory: Path) -> None:
                 group.scheduler.load_state_dict(state)
         apply_optim_config(group)
     if (directory / RNG_FILE).exists():  # absent in a weights-only snapshot: the group keeps its own stream
-        state = load_tensors(directory / RNG_FILE)
+        saved = load_tensors(directory / RNG_FILE)
         with reading(directory / RNG_FILE):
-            group.generator.set_state(state["generator"])
-            group.weight_version = int(state.get("weight_version", 0))  # absent: saved before versions counted
+            state = RngState.model_validate(saved)
+            group.generator.set_state(state.generator)
+        group.weight_version = state.weight_version
+    if group.critic is not None and (directory / RNG_FILE).exists():  # a resume, not a weights-only snapshot
+        group.critic.load(directory / CRITIC_DIR)
 
 
 def keep_weights_only(directory: Path) -> None:
@@ -131,6 +182,7 @@ def keep_weights_only(directory: Path) -> None:
     for name in RESUME_ONLY_FILES:
         (directory / name).unlink(missing_ok=True)
     shutil.rmtree(directory / REFERENCE_DIR, ignore_errors=True)
+    shutil.rmtree(directory / CRITIC_DIR, ignore_errors=True)
 
 
 def apply_optim_config(group: "TorchModelGroup") -> None:
@@ -149,6 +201,7 @@ def copy_weights(target: torch.nn.Module, model_dir: Path, clean_names: bool, dt
     (the optimiser keeps pointing at them). Loading through ``from_pretrained`` applies
     whatever key conversions transformers does on save."""
     weights = model_dir / "model.safetensors"
+    refuse_pickled_weights(model_dir)
     with reading(weights if weights.exists() else model_dir):
         saved = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype,
                                                      use_safetensors=True)  # never a pickled .bin
@@ -175,6 +228,7 @@ def load_adapters(group: "TorchModelGroup", directory: Path, missing_ok: bool) -
 
     for adapter in group.adapters:
         path = directory / ADAPTER_DIR / adapter / "adapter_model.safetensors"
+        refuse_pickled_weights(path.parent)
         if not path.exists():
             if missing_ok:
                 continue

@@ -43,6 +43,7 @@ from unimas.config import GenerationConfig, LoraConfig
 from unimas.errors import UserError
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import chat, checkpoint, optimizer, sampling, training
+from unimas.groups.torch import critic as critic_lib
 from unimas.groups.torch import source as source_of
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch
@@ -56,6 +57,8 @@ class TorchModelGroup(ModelGroup):
     """One causal LM (plus optional LoRA adapters) in this process."""
 
     options: ClassVar[type[TorchOptions]] = TorchOptions
+    supports_critic: ClassVar[bool] = True
+    """``models.<group>.critic`` works here (``unimas validate`` asks; docs/critic.md)."""
 
     def __init__(self, spec: GroupSpec, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  device: torch.device):
@@ -74,6 +77,8 @@ class TorchModelGroup(ModelGroup):
         self.unk_id: Optional[int] = tokenizer.unk_token_id  # read per prompt: the tokenizer property is slow
         self.device = device
         self.adapters = adapters
+        self.critic = (critic_lib.Critic(spec, model, len(tokenizer), device)  # copied before any LoRA wrapping
+                       if config.critic is not None and config.trainable else None)
         self.model = self._wrap_lora(model, spec.seed).to(device).eval()
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(spec.seed)
@@ -241,6 +246,11 @@ class TorchModelGroup(ModelGroup):
                 messages, continuation = request.messages or [], request.continuation
                 prompts[i] = (chat.render_chat(self.tokenizer, messages, continuation, tools=request.tools)
                               if uses_chat[i] else chat.render_plain(self.tokenizer, messages, continuation))
+        for prompt, request in zip(prompts, requests):
+            if request.response_prefix:  # forced answer opening: prompt-side context, never trained as sampled
+                prompt.forced_ids = self.tokenizer(request.response_prefix, add_special_tokens=False)["input_ids"]
+                prompt.ids = prompt.ids + prompt.forced_ids
+                prompt.text = (prompt.text or request.prompt) + request.response_prefix
         limit = None if self.max_positions is None else self.max_positions - reserve
         for prompt, request in zip(prompts, requests):
             prompt.truncated = limit is not None and len(prompt.ids) > limit
@@ -309,15 +319,20 @@ class TorchModelGroup(ModelGroup):
                                              prompt_text=p.text, truncated=True) for p, ok in zip(prompts, fits)]
         if run:
             batch = layout_batch([prompts[i].ids for i in run], [[]] * len(run), self.pad_id, self.device)
+            stops = sampling.StopStrings(self.tokenizer, [requests[i].stop for i in run])
             with self.route(model, adapter):
                 token_rows, logprob_rows = sampling.sample_tokens(
                     model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                    logit_bias=self.logit_bias, generator=self.generator)
+                    logit_bias=self.logit_bias, generator=self.generator, stops=stops)
             sampled = sampling.to_results(self.tokenizer, [prompts[i].ids for i in run], token_rows, logprob_rows,
-                                          self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy))
+                                          self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy), stops=stops)
             for i, result in zip(run, sampled):
-                prompt = prompts[i]
+                prompt, request = prompts[i], requests[i]
                 result.prompt_text, result.continued, result.truncated = prompt.text, prompt.continued, prompt.truncated
+                result.rerendered, result.forced_ids = prompt.rerendered, prompt.forced_ids
+                result.controls = ["stop", "response_prefix"]
+                if request.token_texts:
+                    result.token_texts = [self.tokenizer.decode([t]) for t in result.response_ids]
                 results[i] = result
         return results
 
@@ -340,12 +355,20 @@ class TorchModelGroup(ModelGroup):
     def update(self, turns: list[TrainTurn]) -> dict[str, float]:
         """PPO epochs over shuffled mini-batches with ``spec.algorithm``; then one learning-rate schedule step.
 
-        ``lr`` in the metrics is the rate this update used.
+        ``lr`` in the metrics is the rate this update used. With a critic, the turns' advantages are first
+        computed per token by GAE from its values, and the critic trains; during ``algorithm.critic_warmup``
+        only the critic does (the policy's update is empty).
         """
         with self._lock:
             opt = self.optimizer_for_update()
             lr = optimizer.current_lr(opt)
+            critic_metrics: dict[str, float] = {}
+            if self.critic is not None:  # values, GAE over each role's turns, critic epochs (docs/critic.md)
+                warming_up = self.critic.warming_up
+                turns, critic_metrics = self.critic.prepare(self, turns) if turns else ([], self.critic.idle())
+                turns = [] if warming_up else turns
             metrics = training.ppo_update(self, turns, opt) if turns else dict.fromkeys(training.UPDATE_METRICS, 0.0)
+            metrics.update(critic_metrics)
             metrics["lr"] = lr
             optimizer.advance(self.scheduler)
             self._refresh_rollout_copy(advance=True)

@@ -13,7 +13,7 @@ tokens as an uninterrupted one.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -56,6 +56,41 @@ def pick_tokens(
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+class StopStrings:
+    """Per row of a batch, the stop strings that end its sampling (the gateway's ``stop``).
+
+    After each step a row with stop strings decodes the tail of what it
+    sampled; once that text contains one, the row is done, like a row that
+    produced EOS. The token that completed the stop string is the row's last
+    sampled (and trained) token; :meth:`cut` gives the text before the stop.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[Optional[Sequence[str]]]):
+        self.tokenizer = tokenizer
+        self.stops = [list(s or []) for s in stops]
+        # a character is at most 4 byte-level tokens: this many tail tokens hold any stop string just completed
+        self.window = [4 * max((len(x) for x in s), default=0) + 4 for s in self.stops]
+
+    @property
+    def active(self) -> bool:
+        return any(self.stops)
+
+    def hit(self, row: int, tokens: Sequence[int]) -> bool:
+        """Whether ``tokens`` (the row's sampled ids so far) end with text that completes one of its stops."""
+        if not self.stops[row]:
+            return False
+        tail = self.tokenizer.decode(list(tokens[-self.window[row]:]), skip_special_tokens=True)
+        return any(stop in tail for stop in self.stops[row])
+
+    def cut(self, row: int, text: str) -> tuple[str, Optional[str]]:
+        """(the text before the earliest stop string, that stop string) — the text unchanged and None when none."""
+        found = [(text.find(stop), stop) for stop in self.stops[row] if stop in text]
+        if not found:
+            return text, None
+        at, stop = min(found)
+        return text[:at], stop
+
+
 def sample_tokens(
     model: torch.nn.Module,
     batch: PaddedBatch,
@@ -66,11 +101,14 @@ def sample_tokens(
     pad_id: int,
     logit_bias: torch.Tensor,
     generator: torch.Generator,
+    stops: Optional[StopStrings] = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Decode up to ``gen.max_new_tokens`` for a prompt-only batch; (token rows, log-prob rows).
 
     Rows that produced EOS keep decoding pad tokens until every row is done
     (cheaper than shrinking the cache); :func:`to_results` cuts them off.
+    ``stops``: rows end early when their text completes a stop string (they
+    then pad as after EOS; :func:`to_results` cuts at the completing token).
     The caller routes ``model`` to the right adapter and disables autograd.
     """
     device = batch.input_ids.device
@@ -86,6 +124,10 @@ def sample_tokens(
         tokens.append(token)
         logprobs.append(logprob)
         done = done | torch.isin(token, eos)
+        if stops is not None and stops.active:
+            rows = torch.stack(tokens, 1).tolist()
+            hit = [not finished and stops.hit(i, row) for i, (row, finished) in enumerate(zip(rows, done.tolist()))]
+            done = done | torch.tensor(hit, dtype=torch.bool, device=device)
         if step + 1 == gen.max_new_tokens or bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -102,14 +144,25 @@ def to_results(
     logprob_rows: Sequence[list[float]],
     eos_ids: Sequence[int],
     exact: bool,
+    stops: Optional[StopStrings] = None,
 ) -> list[GenResult]:
-    """Cut each row after its first EOS (kept: it is a trained token) and decode the text."""
+    """Cut each row after its first EOS (kept: it is a trained token) and decode the text.
+
+    With ``stops``, a row ends instead at the token that completed a stop
+    string (kept: it was sampled), and its text ends before that string.
+    """
     eos_set = set(eos_ids)
-    ends = [next((i + 1 for i, t in enumerate(row) if t in eos_set), None) for row in token_rows]
-    responses = [row[: end or len(row)] for row, end in zip(token_rows, ends)]
+    ends: list[Optional[int]] = [next((i + 1 for i, t in enumerate(row) if t in eos_set), None) for row in token_rows]
+    stopped: list[Optional[int]] = [None] * len(token_rows)
+    if stops is not None and stops.active:
+        for r, row in enumerate(token_rows):
+            limit = ends[r] or len(row)
+            stopped[r] = next((i + 1 for i in range(limit) if stops.hit(r, row[: i + 1])), None)
+    responses = [row[: stop or end or len(row)] for row, end, stop in zip(token_rows, ends, stopped)]
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    return [
-        GenResult(text=text, prompt_ids=ids, response_ids=response, logprobs=lps[: len(response)],
-                  finished=end is not None, logprobs_exact=exact)
-        for text, ids, response, lps, end in zip(texts, prompt_ids, responses, logprob_rows, ends)
-    ]
+    results = []
+    for r, (text, ids, response, lps, end) in enumerate(zip(texts, prompt_ids, responses, logprob_rows, ends)):
+        text, stop = stops.cut(r, text) if stopped[r] is not None else (text, None)
+        results.append(GenResult(text=text, prompt_ids=ids, response_ids=response, logprobs=lps[: len(response)],
+                                 finished=end is not None and stopped[r] is None, logprobs_exact=exact, stop=stop))
+    return results

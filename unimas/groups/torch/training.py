@@ -247,7 +247,10 @@ def ppo_step(
     if check_rollout:
         exact = torch.tensor([t.rollout_logprobs_exact for t in turns], device=group.device)[:, None] * mask
         diff["rollout_logprob_diff"] = float(((logp.detach() - old_logp).abs() * exact).max()) if exact.any() else 0.0
-    advantages = torch.tensor([float(t.advantage) for t in turns], device=group.device)[:, None] * mask
+    if turns[0].token_advantages is not None:  # per-token advantages (a critic's GAE), else one per turn
+        advantages = pad_rows([t.token_advantages for t in turns], width, group.device) * mask
+    else:
+        advantages = torch.tensor([float(t.advantage) for t in turns], device=group.device)[:, None] * mask
     stale = [i for i, row in enumerate(behaviour or []) if row is not None]
     diff["importance_weight"] = 1.0
     if stale:

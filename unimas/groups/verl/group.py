@@ -35,7 +35,6 @@ recomputation at the start of the update, as in the torch backend.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import threading
@@ -54,12 +53,11 @@ from unimas.groups.torch import chat, sampling
 from unimas.groups.torch import source as source_of
 from unimas.groups.torch.group import _check_target_modules as check_target_modules
 from unimas.groups.verl import batch as rows_of
-from unimas.groups.verl import lora, platform, prompts
+from unimas.groups.verl import checkpoint, lora, platform, prompts
 from unimas.groups.verl.options import VerlOptions, translate
 from unimas.groups.verl.plan import group_problems
 from unimas.groups.verl.workers import InProcessTrainer
 
-ACTOR_DIR, STATE_FILE, RNG_FILE = "verl_actor", "unimas_group.json", "rollout_rng.pt"
 SYNC_PROBE_TURNS, SYNC_PROBE_TOKENS = 4, 4
 """How much a rollout that cannot score given tokens samples to check a sync (prompts, tokens each)."""
 UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
@@ -345,32 +343,32 @@ class VerlModelGroup(ModelGroup):
     # ----------------------------------------------------------- checkpoints
 
     def save(self, directory: Path) -> None:
-        """``verl_actor/`` (verl's FSDP checkpoint + ``huggingface/``), the rollout RNG and the weight version."""
+        """``verl_actor/`` (each rank's engine state and the ``huggingface/`` export), the rollout RNG and the
+        weight version: the layout of :mod:`.checkpoint`, nothing pickled."""
         directory = Path(directory)
         with self._train_lock, self._rollout_lock:
             directory.mkdir(parents=True, exist_ok=True)
             if self.trainable:
-                self.trainer.save(str(directory / ACTOR_DIR), self.weight_version)
-            torch.save({"generator": self.rollout.generator.get_state()}, directory / RNG_FILE)
-            state = {"backend": "verl", "weight_version": self.weight_version, "world_size": self.trainer.ranks}
-            (directory / STATE_FILE).write_text(json.dumps(state, indent=2))
+                self.trainer.save(directory / checkpoint.ACTOR_DIR)
+            state = checkpoint.GroupState(backend="verl", weight_version=self.weight_version,
+                                          world_size=self.trainer.ranks)
+            checkpoint.save_group_state(directory, state, self.rollout.generator)
 
     def load(self, directory: Path) -> None:
-        """Restore what :meth:`save` wrote and sync the rollout, so generation continues bit-identically."""
+        """Restore what :meth:`save` wrote and sync the rollout, so generation continues bit-identically.
+
+        A file that does not load (missing, damaged, a pickle) is a :class:`UserError` naming it, which a
+        resume answers by falling back to the previous checkpoint."""
         directory = Path(directory)
         with self._train_lock, self._rollout_lock:
-            try:
-                state = json.loads((directory / STATE_FILE).read_text())
-                rng = torch.load(directory / RNG_FILE, weights_only=True)
-            except (OSError, ValueError, RuntimeError) as exc:
-                raise UserError(f"not a verl group checkpoint ({exc})", where=str(directory)) from None
-            if int(state.get("world_size", 1)) != self.trainer.ranks:
-                raise UserError(f"the checkpoint was saved by {state.get('world_size')} ranks and model group "
+            state = checkpoint.load_group_state(directory)
+            if state.world_size != self.trainer.ranks:
+                raise UserError(f"the checkpoint was saved by {state.world_size} ranks and model group "
                                 f"'{self.name}' has {self.trainer.ranks}; resume with the same "
-                                "options.world_size", where=str(directory))
+                                "options.world_size", where=str(directory / checkpoint.STATE_FILE))
             if self.trainable:
-                self.trainer.load(str(directory / ACTOR_DIR))
-            self.weight_version = int(state["weight_version"])
-            self.rollout.generator.set_state(rng["generator"])
+                self.trainer.load(directory / checkpoint.ACTOR_DIR)
+            checkpoint.load_rollout_rng(directory, self.rollout.generator)
+            self.weight_version = state.weight_version
             if self.trainable:
                 self.sync_weights()

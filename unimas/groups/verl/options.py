@@ -130,7 +130,7 @@ class VerlOptions(BaseModel):
 
 
 VERL_HF_DIR = Path("verl_actor") / "huggingface"
-"""Where a verl group checkpoint keeps its weights as a Hugging Face model (verl's ``hf_model`` content)."""
+"""Where a verl group checkpoint keeps its weights as a Hugging Face model (written by :mod:`.checkpoint`)."""
 
 
 def verl_checkpoints(root: Path) -> dict[str, Path]:
@@ -244,6 +244,8 @@ def translate(spec: GroupSpec, model_dir: str) -> VerlConfigs:
     from verl.workers.config import TrainingWorkerConfig
 
     options: VerlOptions = spec.options
+    # verl's engine builds its own checkpoint manager from this; unimas never calls it (it unpickles on load),
+    # the group's state is saved and loaded by unimas.groups.verl.checkpoint instead
     checkpoints = CheckpointConfig(save_contents=["model", "optimizer", "extra", "hf_model"],
                                    load_contents=["model", "optimizer", "extra"])
 

@@ -16,18 +16,23 @@ does not know which one it drives:
   are dealt round-robin first, so padding rows never pile up on one rank.
   The rollout is then verl's hybrid one, a server replica per rank, synced
   by the ranks themselves (:mod:`.servers`).
+
+Both save and load the engine's state through :mod:`.checkpoint` (each rank
+its own files), never through verl's checkpoint manager, which unpickles.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from unimas.errors import UserError
 from unimas.groups.base import GroupSpec
 from unimas.groups.verl import batch as rows_of
-from unimas.groups.verl import lora, platform
+from unimas.groups.verl import checkpoint, lora, platform
 from unimas.groups.verl.loss import unimas_loss
 from unimas.groups.verl.options import SERVER_ROLLOUT
 
@@ -79,20 +84,23 @@ class InProcessTrainer:
     def learning_rate(self) -> float:
         return float(self.actor.engine.optimizer.param_groups[0]["lr"])
 
-    def save(self, path: str, version: int) -> None:
-        self.actor.save_checkpoint(path, None, version, None)
+    def save(self, directory: Path) -> None:
+        checkpoint.save_engine(self.actor.engine, directory)
 
-    def load(self, path: str) -> None:
-        self.actor.load_checkpoint(path, None, False)
+    def load(self, directory: Path) -> None:
+        checkpoint.load_engine(self.actor.engine, directory)
 
 
 def _worker_class() -> type:
     """verl's hybrid worker, plus what unimas needs of it.
 
-    The optimiser's rate for the metrics; a LoRA adapter's init seeded with the
-    group's seed (verl leaves it to the global RNG); and, for a LoRA group
-    served by unimas's ``hf`` servers, base and adapter sent under their peft
-    names, as the in-process group does (verl's export merges them in bfloat16).
+    The optimiser's rate for the metrics; each rank's engine state saved and
+    loaded by :mod:`.checkpoint` (a refused file comes back as (message, file),
+    since a ``UserError`` raised in a Ray actor arrives without its fields); a
+    LoRA adapter's init seeded with the group's seed (verl leaves it to the
+    global RNG); and, for a LoRA group served by unimas's ``hf`` servers, base
+    and adapter sent under their peft names, as the in-process group does
+    (verl's export merges them in bfloat16).
     """
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.workers.engine_workers import ActorRolloutRefWorker
@@ -101,6 +109,18 @@ def _worker_class() -> type:
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def learning_rate(self) -> float:
             return float(self.actor.engine.optimizer.param_groups[0]["lr"])
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def save_unimas_state(self, directory: str) -> None:
+            checkpoint.save_engine(self.actor.engine, Path(directory))
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def load_unimas_state(self, directory: str) -> Optional[tuple[str, Optional[str]]]:
+            try:
+                checkpoint.load_engine(self.actor.engine, Path(directory))
+            except UserError as refused:
+                return str(refused).removeprefix(f"{refused.where}: "), refused.where
+            return None
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def init_model(self):
@@ -181,11 +201,15 @@ class RayTrainer:
     def learning_rate(self) -> float:
         return self.workers.learning_rate()[0]
 
-    def save(self, path: str, version: int) -> None:
-        self.workers.save_checkpoint(path, None, version, None)
+    def save(self, directory: Path) -> None:
+        self.workers.save_unimas_state(str(directory))
 
-    def load(self, path: str) -> None:
-        self.workers.load_checkpoint(path, None, False)
+    def load(self, directory: Path) -> None:
+        """Every rank loads its own files; the first refusal is raised here, naming its file."""
+        for refused in self.workers.load_unimas_state(str(directory)):
+            if refused is not None:
+                message, where = refused
+                raise UserError(message, where=where)
 
     def close(self) -> None:
         """Stop the ranks (their names and placement group are then free for a later group of the same name)."""

@@ -1,0 +1,76 @@
+"""Agent frameworks through the gateway: smolagents' CodeAgent (always sends ``stop``) and ToolCallingAgent (always
+sends ``tool_choice: required``), each training 2 steps on the tool-calling test model.
+
+CodeAgent runs the code the model writes: smolagents' own restricted interpreter (LocalPythonExecutor, no
+imports authorised here) is what would run it; the tiny model's answers are not code blocks it can parse, and
+unimas itself never executes model output.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import yaml
+
+from tests.test_gateway_controls import agent_team, tool_model  # noqa: F401 - the fixture
+from unimas.cli import main
+from unimas.trajectory import read_jsonl
+
+
+def _smol_agent(kind: str, task: dict, base_url: str) -> dict:
+    smolagents = pytest.importorskip("smolagents")
+
+    @smolagents.tool
+    def lookup(query: str) -> str:
+        """Looks the answer up.
+
+        Args:
+            query: what to look up.
+        """
+        return task["target"]
+
+    model = smolagents.OpenAIServerModel(model_id="agent", api_base=base_url, api_key="unused")
+    if kind == "code":
+        agent = smolagents.CodeAgent(tools=[lookup], model=model, max_steps=2, additional_authorized_imports=[],
+                                     verbosity_level=0)
+    else:
+        agent = smolagents.ToolCallingAgent(tools=[lookup], model=model, max_steps=2, verbosity_level=0)
+    return {"answer": str(agent.run(f"repeat: {task['target']}"))}
+
+
+async def smol_code_agent(task: dict, base_url: str) -> dict:
+    return await asyncio.to_thread(_smol_agent, "code", task, base_url)
+
+
+async def smol_tool_calling_agent(task: dict, base_url: str) -> dict:
+    return await asyncio.to_thread(_smol_agent, "tools", task, base_url)
+
+
+def train_two_steps(model_dir, function: str, tmp_path) -> list:
+    config = tmp_path / "agent.yaml"
+    config.write_text(yaml.safe_dump(agent_team(model_dir, function)))
+    run = tmp_path / "run"
+    settings = ["trainer.steps=2", "trainer.tasks_per_step=1", "algorithm.group_size=2", "trainer.eval_every=0",
+                "trainer.eval_size=1", "logging.console=false", "logging.report=false"]
+    assert main(["train", str(config), "--run-dir", str(run), *[a for s in settings for a in ("--set", s)]]) == 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) >= 2
+    trajectories = read_jsonl(run / "trajectories/train.jsonl")
+    assert len(trajectories) == 4 and not any(t.failed for t in trajectories), [t.error for t in trajectories]
+    return trajectories
+
+
+def test_smolagents_code_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
+    pytest.importorskip("smolagents")
+    trajectories = train_two_steps(tool_model, "tests.test_gateway_frameworks:smol_code_agent", tmp_path)
+    turns = [turn for t in trajectories for turn in t.turns()]
+    assert turns and all(turn.response_ids and len(turn.logprobs) == len(turn.response_ids) for turn in turns)
+    assert all(turn.reward is not None for turn in turns)
+
+
+def test_smolagents_tool_calling_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
+    pytest.importorskip("smolagents")
+    trajectories = train_two_steps(tool_model, "tests.test_gateway_frameworks:smol_tool_calling_agent", tmp_path)
+    turns = [turn for t in trajectories for turn in t.turns()]
+    assert turns and all(turn.forced_ids for turn in turns if turn.tools)  # tool_choice: required, forced
+    assert any('"name": "lookup"' in turn.text or '"name": "final_answer"' in turn.text for turn in turns)
