@@ -301,6 +301,13 @@ class AlgorithmConfig(Strict):
         "turn's on its own last token (docs/critic.md)")
     critic_warmup: int = Field(0, ge=0, description="first update calls of each group in which only its critic "
                                "trains")
+    critic: Literal["per_group", "centralized"] = Field(
+        "per_group", description="where values come from (estimators that take values): each group's own critic "
+        "(`models.<g>.critic`), or one centralized critic group that reads the whole episode so far "
+        "(`central_critic`; docs/critic.md)")
+    central_critic: Optional[str] = Field(None, description="with `critic: centralized`: the model group (a torch "
+                                          "group with a `critic` section and no roles) that values every role's "
+                                          "turns")
     rollout: Optional[AlgorithmPlugin] = Field(None, description="rollout control (null: `group_size` episodes/task)")
     replay: Optional[AlgorithmPlugin] = Field(None, description="replay buffer mixed into groups (null: none)")
     update_order: Optional[AlgorithmPlugin] = Field(None, description="update order of roles (null: all parallel)")

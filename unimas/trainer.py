@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
-from unimas import checkpoints
+from unimas import central_critic, checkpoints
 from unimas.config import RoleConfig
 from unimas.config_file import dump_config
 from unimas.controller.episodes import Controller, EpisodeSpec
@@ -164,15 +164,24 @@ class Trainer:
                                  f"{', '.join(skipped)} (trainer.on_nonfinite: stop)")
 
     async def _update_groups(self, credited: list[CreditedTurn]) -> dict[str, float]:
+        turns = [train_turn(c, self.config.roles[c.turn.role]) for c in credited]
+        critic_metrics, warming_up = {}, False
+        if self.config.algorithm.critic == "centralized" and turns:  # every turn valued first (docs/critic.md)
+            turns, critic_metrics, warming_up = await central_critic.value_turns(self.transport, self.config,
+                                                                                 credited, turns)
         turns_by_group: dict[str, list[TrainTurn]] = defaultdict(list)
-        for c in credited:
-            role = self.config.roles[c.turn.role]
-            turns_by_group[role.model].append(train_turn(c, role))
-        roles_by_group = {g: [c.turn.role for c in credited if self.config.roles[c.turn.role].model == g]
-                          for g in turns_by_group}
-        results = await update_groups(self.transport, turns_by_group, roles_by_group, self.rollout.update_order,
-                                      execution_order([(c.turn.started, c.turn.role) for c in credited]))
-        return {f"group/{g}/{k}": v for g, stats in sorted(results.items()) for k, v in stats.items()}
+        roles_by_group: dict[str, list[str]] = defaultdict(list)
+        for c, turn in zip(credited, turns):
+            group = self.config.roles[c.turn.role].model
+            turns_by_group[group].append(turn)
+            roles_by_group[group].append(c.turn.role)
+        if warming_up:  # only the central critic trains: each policy group's update is empty (its schedule advances)
+            results = await update_groups(self.transport, {g: [] for g in turns_by_group}, {})
+        else:
+            results = await update_groups(self.transport, turns_by_group, roles_by_group, self.rollout.update_order,
+                                          execution_order([(c.turn.started, c.turn.role) for c in credited]))
+        return {**critic_metrics, **{f"group/{g}/{k}": v for g, stats in sorted(results.items())
+                                     for k, v in stats.items()}}
 
     def _sample_trajectories(self, trajectories: list[GraphTrajectory], step: int) -> None:
         count = self.config.trainer.sample_trajectories

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from unimas import algorithms, plugin_params
+from unimas import algorithms, central_critic, plugin_params
 from unimas.config import ExperimentConfig, RoleConfig
 from unimas.errors import UserError
 from unimas.experiment import Experiment, make_parser
@@ -124,8 +124,8 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
     if estimator is None:
         add("algorithm.estimator", f"unknown estimator '{algo.estimator}'; known: {', '.join(sorted(estimators))}"
             f"{registry.broken_hint()}")
-    elif estimator.usable_with_critic:
-        problems.extend(_critic_problems(config, registry, needs_values=True))
+    elif estimator.usable_with_critic:  # a centralized critic: central_critic.config_problems below
+        problems.extend(_critic_problems(config, registry, needs_values=True) if algo.critic == "per_group" else [])
     elif not estimator.usable:
         needs = "a critic (value estimates)" if estimator.needs_critic else ", ".join(estimator.missing_inputs)
         usable = ", ".join(sorted(name for name, e in estimators.items() if e.usable))
@@ -138,6 +138,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
                                          "algorithm.estimator_params", keyword_only=True))
         if not estimator.needs_critic:
             problems.extend(_critic_problems(config, registry, needs_values=False))
+        problems.extend(central_critic.config_problems(config, registry, takes_values=estimator.needs_critic))
     return problems
 
 
@@ -153,8 +154,9 @@ def _critic_problems(config: ExperimentConfig, registry: Registry, needs_values:
         if group.critic is None:
             if needs_values and group.trainable and name in trains_roles:
                 problems.append((where, f"algorithm.estimator '{estimator}' needs value estimates: give this "
-                                 "trainable group a critic (e.g. critic: {optim: {lr: 0.001}}; docs/critic.md) or "
-                                 "use an estimator without values (grpo, rloo, ...)"))
+                                 "trainable group a critic (e.g. critic: {optim: {lr: 0.001}}; docs/critic.md), or "
+                                 "use one centralized critic group (algorithm.critic: centralized), or an "
+                                 "estimator without values (grpo, rloo, ...)"))
         elif not group.trainable:
             problems.append((where, "a frozen group (trainable: false) trains nothing, so a critic would have no "
                              "turns to learn values of; remove it"))

@@ -132,8 +132,23 @@ class TrainTurn:
     reward: float = 0.0
     """The turn's credit scalar: what a group with a critic puts on the turn's last token for GAE."""
     token_advantages: Optional[list[float]] = None
-    """One advantage per response token (a critic's GAE, set inside the group); None: ``advantage`` on every
-    token."""
+    """One advantage per response token (a critic's GAE, set inside the group, or the centralized critic's,
+    set by the trainer); None: ``advantage`` on every token."""
+    context: str = ""
+    """For the centralized critic only: the episode before this turn, rendered as text (``unimas.central_critic``);
+    the critic reads its tokens before ``prompt_ids``."""
+
+
+@dataclass
+class Critique:
+    """What the centralized critic group answers for a step's turns (``ModelGroup.critique``)."""
+
+    advantages: list[list[float]]
+    """Per turn, in the order given: one GAE advantage per response token."""
+    metrics: dict[str, float]
+    """The critic's statistics (``critic/value_loss``, ...), as a per-group critic reports them."""
+    warming_up: bool
+    """Within ``algorithm.critic_warmup``: the policies should not train on these advantages yet."""
 
 
 class NoOptions(BaseModel):
@@ -181,6 +196,10 @@ class ModelGroup(ABC):
     @abstractmethod
     def update(self, turns: list[TrainTurn]) -> dict[str, float]:
         """One PPO/GRPO update on this group's turns (settings from its spec); returns metrics."""
+
+    def critique(self, turns: list[TrainTurn]) -> Critique:
+        """As the centralized critic: value every turn (its ``context`` first), GAE, one critic update."""
+        raise NotImplementedError(f"model group '{self.name}' ({type(self).__name__}) has no centralized critic")
 
     def score(self, turns: list[TrainTurn]) -> list[float]:
         """Each turn's response log-probability (summed over its tokens, at its temperature) under the current

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from unimas.config import ExperimentConfig
 from unimas.errors import ModelGroupError, UserError
-from unimas.groups.base import GenRequest, GenResult, ModelGroup, TrainTurn
+from unimas.groups.base import Critique, GenRequest, GenResult, ModelGroup, TrainTurn
 from unimas.groups.build import build_group
 from unimas.registry import Registry
 
@@ -69,6 +69,13 @@ class LocalTransport:
         if self._updater is not None and group not in self._own_threads:
             return await asyncio.get_running_loop().run_in_executor(self._updater, self._call, group, "update", turns)
         return await self._run(group, "update", turns)
+
+    async def critique(self, group: str, turns: list[TrainTurn]) -> Critique:
+        """Like ``update``: on the update thread when there is one."""
+        if self._updater is not None and group not in self._own_threads:
+            return await asyncio.get_running_loop().run_in_executor(self._updater, self._call, group, "critique",
+                                                                    turns)
+        return await self._run(group, "critique", turns)
 
     async def score(self, group: str, turns: list[TrainTurn]) -> list[float]:
         return await self._run(group, "score", turns)

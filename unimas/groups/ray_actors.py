@@ -43,7 +43,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from unimas.config import ExperimentConfig, RuntimeConfig
 from unimas.config_file import config_from_dict
 from unimas.errors import ModelGroupError, UserError
-from unimas.groups.base import GenRequest, GenResult, TrainTurn
+from unimas.groups.base import Critique, GenRequest, GenResult, TrainTurn
 from unimas.groups.build import build_group
 from unimas.groups.placement import placement_plan
 from unimas.groups.verl import plan as verl_plan
@@ -184,6 +184,9 @@ class ModelGroupActor:
     def score(self, turns: list[TrainTurn]) -> list[float]:
         return self._timed("score", lambda: self.group.score(turns))
 
+    def critique(self, turns: list[TrainTurn]) -> Critique:
+        return self._timed("critique", lambda: self.group.critique(turns))
+
     def save(self, directory: str) -> None:
         self._timed("save", lambda: self.group.save(Path(directory)))
 
@@ -283,6 +286,9 @@ class RayTransport:
 
     async def score(self, group: str, turns: list[TrainTurn]) -> list[float]:
         return await self._call(group, "score", turns)
+
+    async def critique(self, group: str, turns: list[TrainTurn]) -> Critique:
+        return await self._call(group, "critique", turns)
 
     async def save(self, group: str, directory: Path) -> None:
         await self._call(group, "save", str(directory))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from unimas.config import ExperimentConfig
-from unimas.groups.base import GenRequest, GenResult, TrainTurn
+from unimas.groups.base import Critique, GenRequest, GenResult, TrainTurn
 from unimas.groups.local import LocalTransport
 from unimas.registry import Registry
 
@@ -24,6 +24,9 @@ class Transport(Protocol):
 
     async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
         """One update of ``group`` on its turns; the group's metrics."""
+
+    async def critique(self, group: str, turns: list[TrainTurn]) -> Critique:
+        """The centralized critic group's per-token advantages for every role's turns, and one critic update."""
 
     async def score(self, group: str, turns: list[TrainTurn]) -> list[float]:
         """Each turn's response log-probability under the group's current weights (sequential update orders)."""

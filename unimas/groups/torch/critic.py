@@ -45,7 +45,8 @@ from unimas import algorithms
 from unimas.groups import role_gae
 from unimas.config import CriticConfig
 from unimas.errors import UserError
-from unimas.groups.base import GroupSpec, TrainTurn
+from unimas.groups.base import Critique, GroupSpec, TrainTurn
+from unimas.groups.torch.chars import check_known
 from unimas.groups.torch import optimizer as optim_lib
 from unimas.groups.torch.layout import PaddedBatch, layout_batch, pad_rows
 from unimas.safe_load import load_safetensors, load_tensors, reading
@@ -151,6 +152,15 @@ class Critic:
         trained = [dataclasses.replace(t, token_advantages=a) for t, a in zip(turns, advantages)]
         return trained, metrics
 
+    def critique(self, group: "TorchModelGroup", turns: list[TrainTurn]) -> Critique:
+        """The centralized critic's step (docs/critic.md): each turn read after its ``context`` (the episode
+        before it, tokenised here), then :meth:`prepare`'s values, GAE and critic epochs."""
+        warming_up = self.warming_up
+        if not turns:
+            return Critique([], self.idle(), warming_up)
+        trained, metrics = self.prepare(group, with_context(group, turns))
+        return Critique([t.token_advantages or [] for t in trained], metrics, warming_up)
+
     def _train(self, group: "TorchModelGroup", turns: list[TrainTurn], old: list[list[float]],
                returns: list[list[float]]) -> dict[str, float]:
         algorithm = self.spec.algorithm
@@ -233,6 +243,26 @@ def _apply_optim_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim
 
 def _batch(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> PaddedBatch:
     return layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns], group.pad_id, group.device)
+
+
+def with_context(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> list[TrainTurn]:
+    """The turns as the centralized critic reads them: each ``context`` in the group's tokens before the prompt
+    ids, its oldest tokens cut so that the whole turn fits the model."""
+    texts = [t.context for t in turns]
+    encoded = group.tokenizer(texts, add_special_tokens=False)["input_ids"] if any(texts) else [[] for _ in turns]
+    cut = []
+    for turn, text, ids in zip(turns, texts, encoded):
+        try:
+            check_known(group.tokenizer, text, ids)
+        except ValueError as exc:
+            raise UserError(f"{exc}; the centralized critic reads role names and earlier turns as text "
+                            f"(docs/critic.md): add them to models.{group.name}.options.tiny.alphabet and to the "
+                            "roles' groups' alphabets", where="algorithm.central_critic") from None
+        room = len(ids) if group.max_positions is None else group.max_positions - len(turn.prompt_ids) - len(
+            turn.response_ids)
+        kept = ids[len(ids) - min(max(room, 0), len(ids)):]
+        cut.append(dataclasses.replace(turn, prompt_ids=kept + turn.prompt_ids))
+    return cut
 
 
 def _value_statistics(old: list[list[float]], returns: list[list[float]]) -> dict[str, float]:

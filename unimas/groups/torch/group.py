@@ -41,7 +41,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from unimas.config import GenerationConfig, LoraConfig
 from unimas.errors import UserError
-from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
+from unimas.groups.base import Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import chat, checkpoint, optimizer, sampling, training
 from unimas.groups.torch import critic as critic_lib
 from unimas.groups.torch import source as source_of
@@ -374,6 +374,14 @@ class TorchModelGroup(ModelGroup):
             self._refresh_rollout_copy(advance=True)
             metrics["weight_version"] = float(self.weight_version)
             return metrics
+
+    def critique(self, turns: list[TrainTurn]) -> Critique:
+        """As the centralized critic group (``algorithm.central_critic``): values of every role's turns read
+        after the episode so far, GAE over each (episode, role), one critic update (docs/critic.md)."""
+        if self.critic is None:
+            raise RuntimeError(f"model group '{self.name}' has no critic (models.{self.name}.critic)")
+        with self._lock:
+            return self.critic.critique(self, turns)
 
     def train_supervised(self, examples: list[SupervisedExample]) -> float:
         """One AdamW step on the token-mean cross-entropy of responses (+EOS) given prompts.
