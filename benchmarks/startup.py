@@ -18,7 +18,6 @@ import json
 import subprocess
 import sys
 import time
-
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]

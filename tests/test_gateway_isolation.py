@@ -11,6 +11,7 @@ lands in another episode and nothing is left behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import time
 import urllib.parse
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -151,8 +153,10 @@ elif task["target"] == "b":
         sys.stderr.buffer.write(block)
     sys.stderr.buffer.write(b"the end of stderr\n")
     sys.exit(2)
-else:
+elif task["target"] == "c":
     sys.stdout.buffer.write(b'{"answer": "' + b"c" * (2 << 20) + b'"}\n')
+else:
+    print(json.dumps({"answer": task["target"]}))
 '''
 
 
@@ -187,12 +191,14 @@ def memory_mb(field: str) -> float:
     return int(line.split()[1]) / 1024
 
 
-async def peak_rss_growth(run) -> tuple[float, object]:
-    """(peak resident memory while ``await run()`` runs minus before it, in MB; its result)."""
+@contextlib.contextmanager
+def peak_memory() -> Iterator[dict[str, float]]:
+    """``{"growth": MB}`` once the block is done: its peak resident memory (VmHWM) minus the size before it."""
+    measured: dict[str, float] = {}
     before = memory_mb("VmRSS:")
-    Path("/proc/self/clear_refs").write_text("5")  # restart the peak (VmHWM) from the current size
-    result = await run()
-    return memory_mb("VmHWM:") - before, result
+    Path("/proc/self/clear_refs").write_text("5")  # restart the peak from the current size
+    yield measured
+    measured["growth"] = memory_mb("VmHWM:") - before
 
 
 needs_bwrap = pytest.mark.skipif(confinement().bwrap is None, reason="bubblewrap cannot make a PID namespace here")
@@ -308,9 +314,12 @@ def test_output_floods_are_kept_to_their_tails(chat_model, tmp_path):
     command = [sys.executable, program(tmp_path, "flood", FLOOD_AGENT)]
     tree = team(chat_model, {"agent": {"command": command, "timeout_s": 120}})
     tasks = [{"target": t, "answer": t} for t in "abc"]
-    growth, (trajectories, _) = peak_rss_growth(lambda: run_episodes(tree, tasks))
+    [warm_up], _ = run_episodes(tree, [{"target": "w"}])  # the first run in a process loads the model, torch...
+    assert warm_up.error is None, warm_up.error
+    with peak_memory() as memory:
+        trajectories, _ = run_episodes(tree, tasks)
     stdout_flood, stderr_flood, long_outcome = trajectories
-    assert growth < 100, f"the trainer grew by {growth:.0f} MB reading 300 MB of agent output"
+    assert memory["growth"] < 100, f"the trainer grew by {memory['growth']:.0f} MB reading 300 MB of agent output"
     assert stdout_flood.error is None and stdout_flood.outcome["answer"] == "a"
     assert stderr_flood.failed and "exited with code 2" in stderr_flood.error
     assert stderr_flood.error.endswith("the end of stderr\n") and len(stderr_flood.error) < agent.STDERR_KEPT + 200
@@ -374,13 +383,13 @@ async def hostile_agent(task: dict, base_url: str) -> dict:
     async with httpx.AsyncClient() as http:
         surrogate = await http.post(url, content=b'{"model": "speaker", "messages": [{"role": "user", '
                                                  b'"content": "\\ud800"}]}', headers={"content-type": "application/json"})
-    growth, (declared, chunked) = await peak_rss_growth(lambda: asyncio.gather(
-        asyncio.to_thread(raw_post, url, 200 * MiB, chunked=False),
-        asyncio.to_thread(raw_post, url, 200 * MiB, chunked=True)))
+    with peak_memory() as memory:
+        declared, chunked = await asyncio.gather(asyncio.to_thread(raw_post, url, 200 * MiB, chunked=False),
+                                                 asyncio.to_thread(raw_post, url, 200 * MiB, chunked=True))
     client = AsyncOpenAI(base_url=base_url, api_key="unused")
     reply = await client.chat.completions.create(model="speaker", messages=[{"role": "user", "content": "target: a"}])
     return {"answer": reply.choices[0].message.content, "declared": declared, "chunked": chunked,
-            "foreign": foreign, "surrogate": [surrogate.status_code, surrogate.json()], "growth": growth}
+            "foreign": foreign, "surrogate": [surrogate.status_code, surrogate.json()], "growth": memory["growth"]}
 
 
 def test_huge_bodies_and_foreign_hosts_are_refused_before_reading(chat_model):

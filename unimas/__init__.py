@@ -3,33 +3,62 @@
 Everything a plugin author touches is importable from here; ``__all__`` is
 the stability contract (see ``docs/plugins.md``, "What is stable"). Deep
 imports (``unimas.controller.router`` ...) are internal and may change.
+
+``import unimas`` loads only pluggy and the small modules below: a plugin
+module imports unimas at its top, and ``unimas plugins`` imports every plugin,
+so the names that pull in pydantic models, the controller or the trainer
+(and through them torch) are imported on first use (PEP 562 ``__getattr__``).
+``tests/test_startup.py`` holds this.
 """
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from unimas.config import ExperimentConfig
-from unimas.controller.context import EpisodeContext
 from unimas.errors import ModelGroupError, ParseError, UserError
-from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, NoOptions, TrainTurn
 from unimas.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
-from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from unimas.api import train
+    from unimas.config import ExperimentConfig
+    from unimas.controller.context import EpisodeContext
+    from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, NoOptions, TrainTurn
+    from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 
 __version__ = "0.2.0"
 
 hookimpl = pluggy.HookimplMarker("unimas")
 """Marks a plugin's hook functions: ``@unimas.hookimpl def unimas_workflows(): ...``."""
 
+_LAZY = {
+    "train": "unimas.api",
+    "ExperimentConfig": "unimas.config",
+    "EpisodeContext": "unimas.controller.context",
+    "GraphTrajectory": "unimas.trajectory",
+    "TurnNode": "unimas.trajectory",
+    "ToolNode": "unimas.trajectory",
+    "ModelGroup": "unimas.groups.base",
+    "GroupSpec": "unimas.groups.base",
+    "NoOptions": "unimas.groups.base",
+    "GenRequest": "unimas.groups.base",
+    "GenResult": "unimas.groups.base",
+    "TrainTurn": "unimas.groups.base",
+}
+"""Public name -> the module that defines it, imported when the name is first read."""
+
 
 def __getattr__(name: str) -> Any:
-    # `unimas.train` loads torch, transformers and the trainer: only when it is used,
-    # so that importing unimas in a plugin module stays cheap.
-    if name == "train":
-        from unimas.api import train
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'unimas' has no attribute '{name}'")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later reads skip this function
+    return value
 
-        return train
-    raise AttributeError(f"module 'unimas' has no attribute '{name}'")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

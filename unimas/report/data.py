@@ -73,6 +73,13 @@ class RunData:
     def train_records(self) -> list[dict[str, Any]]:
         return [r for r in self.records if any(k.startswith("reward/") for k in r)]
 
+    @property
+    def critic_groups(self) -> list[str]:
+        """Groups that report a learned critic (``group/<g>/critic/...``: their own, or the centralized one)."""
+        logged = {key.split("/")[1] for record in self.records for key in record
+                  if key.startswith("group/") and key.count("/") >= 3 and key.split("/")[2] == "critic"}
+        return [g for g in self.groups if g in logged]
+
 
 def load_run(root: Path) -> RunData:
     """Read metrics, config and trajectories of one run directory.
@@ -109,6 +116,8 @@ def model_mapping(config: dict[str, Any]) -> list[GroupMapping]:
     The scheme words follow ``unimas validate``'s summary, so the report and the CLI read alike.
     """
     roles = {name: spec for name, spec in (config.get("roles") or {}).items() if isinstance(spec, dict)}
+    algorithm = config.get("algorithm") if isinstance(config.get("algorithm"), dict) else {}
+    central = algorithm.get("central_critic") if algorithm.get("critic") == "centralized" else None
     rows = []
     for group, spec in (config.get("models") or {}).items():
         spec = spec if isinstance(spec, dict) else {}
@@ -116,6 +125,8 @@ def model_mapping(config: dict[str, Any]) -> list[GroupMapping]:
         adapters = sorted({str(roles[r]["adapter"]) for r in members if roles[r].get("adapter")})
         if spec.get("trainable", True) is False:
             scheme = "frozen"
+        elif group == central:
+            scheme = "centralized critic (values every role's turns)"
         elif adapters:
             scheme = f"LoRA adapter per role on one base (adapters {', '.join(adapters)})"
         elif len(members) > 1:

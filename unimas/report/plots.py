@@ -19,6 +19,8 @@ from unimas.report.data import RunData, finite
 
 GROUP_METRICS = ["policy_loss", "kl", "entropy", "clip_frac", "grad_norm", "train_tokens_per_s"]
 ROLE_METRICS = ["format_error_rate", "response_length", "advantage_std", "zero_variance_frac"]
+CRITIC_METRICS = ["value_loss", "explained_variance", "value_mean", "value_clip_frac"]
+"""``group/<g>/critic/<metric>`` of each group with a critic (docs/critic.md), beside the advantage spread per role."""
 LINE_STYLES = ["-", "--", ":", "-."]
 """Cycled per line so that identical series (e.g. roles sharing a team reward) stay distinguishable."""
 EPISODE_METRICS = ["episode/turns", "episode/tool_calls", "episode/failures", "episode/wall_s", "time/step_s"]
@@ -116,6 +118,20 @@ def role_plot(run: RunData) -> Figure:
     return figure
 
 
+def critic_plot(run: RunData) -> Figure:
+    """Per group with a critic: value loss, explained variance, mean value, value clipping; and the spread of
+    each role's per-token advantages (``critic/advantage_std/<role>``)."""
+    groups = run.critic_groups
+    figure, axes = _grid(len(CRITIC_METRICS) + 1)
+    for ax, metric in zip(axes, CRITIC_METRICS):
+        _lines(ax, run.train_records, {g: f"group/{g}/critic/{metric}" for g in groups}, metric)
+    spread = {(role if len(groups) == 1 else f"{role} ({g})"): f"group/{g}/critic/advantage_std/{role}"
+              for g in groups for role in run.roles
+              if any(f"group/{g}/critic/advantage_std/{role}" in r for r in run.train_records)}
+    _lines(axes[-1], run.train_records, spread, "advantage_std per role")
+    return figure
+
+
 def episode_plot(run: RunData) -> Figure:
     figure, axes = _grid(len(EPISODE_METRICS))
     for ax, key in zip(axes, EPISODE_METRICS):
@@ -155,9 +171,12 @@ PLOTS: dict[str, tuple[str, Callable[[RunData], Figure]]] = {
     "reward_distribution": ("Reward distribution, early vs late", distribution_plot),
     "groups": ("Per model group: loss, KL, entropy", group_plot),
     "roles": ("Per role: format errors, length, advantages", role_plot),
+    "critic": ("Critic: value loss, explained variance, values, advantages per role", critic_plot),
     "episodes": ("Episodes and timing", episode_plot),
 }
 """File stem -> (caption, figure builder), in report order."""
+ONLY_WHEN = {"critic": lambda run: bool(run.critic_groups)}
+"""Plots drawn only for runs that log what they show."""
 
 
 def write_plots(run: RunData, directory: Path) -> dict[str, Path]:
@@ -165,6 +184,8 @@ def write_plots(run: RunData, directory: Path) -> dict[str, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     written = {}
     for stem, (caption, build) in PLOTS.items():
+        if not ONLY_WHEN.get(stem, lambda run: True)(run):
+            continue
         figure = build(run)
         figure.suptitle(caption, fontsize=12)
         path = directory / f"{stem}.png"

@@ -250,7 +250,7 @@ def with_context(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> list[T
     ids, its oldest tokens cut so that the whole turn fits the model."""
     texts = [t.context for t in turns]
     encoded = group.tokenizer(texts, add_special_tokens=False)["input_ids"] if any(texts) else [[] for _ in turns]
-    cut = []
+    read = []
     for turn, text, ids in zip(turns, texts, encoded):
         try:
             check_known(group.tokenizer, text, ids)
@@ -261,8 +261,8 @@ def with_context(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> list[T
         room = len(ids) if group.max_positions is None else group.max_positions - len(turn.prompt_ids) - len(
             turn.response_ids)
         kept = ids[len(ids) - min(max(room, 0), len(ids)):]
-        cut.append(dataclasses.replace(turn, prompt_ids=kept + turn.prompt_ids))
-    return cut
+        read.append(dataclasses.replace(turn, prompt_ids=kept + turn.prompt_ids))
+    return read
 
 
 def _value_statistics(old: list[list[float]], returns: list[list[float]]) -> dict[str, float]:
