@@ -30,6 +30,9 @@ from openai import AsyncOpenAI
 
 from tests.test_gateway import run_episodes, team
 from unimas.cli import main
+from unimas.config_file import config_from_dict
+from unimas.errors import UserError
+from unimas.experiment import Experiment
 from unimas.gateway import agent
 from unimas.gateway.app import build_app
 from unimas.gateway.confine import Confinement, confinement
@@ -290,6 +293,12 @@ def test_an_episode_key_alone_admits_nobody():
     assert client.get("/e/k2/v1/models", headers={"Authorization": "Bearer t1"}).status_code == 401  # not k2's
 
 
+def test_a_function_agent_cannot_serve_beyond_loopback(chat_model):
+    tree = team(chat_model, {"agent": {"function": "tests.test_gateway:signalling_agent", "host": "0.0.0.0"}})
+    with pytest.raises(UserError, match="workflow.agent.host: a `function` agent cannot present its episode's token"):
+        Experiment.resolve(config_from_dict(tree))
+
+
 # -- one process tree ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["exit", "hang"])
@@ -381,8 +390,8 @@ async def hostile_agent(task: dict, base_url: str) -> dict:
     url = f"{base_url}/chat/completions"
     foreign = await asyncio.to_thread(raw_post, url, 10, chunked=False, host="rebound.example.com")
     async with httpx.AsyncClient() as http:
-        surrogate = await http.post(url, content=b'{"model": "speaker", "messages": [{"role": "user", '
-                                                 b'"content": "\\ud800"}]}', headers={"content-type": "application/json"})
+        surrogate = await http.post(url, headers={"content-type": "application/json"},
+                                    content=b'{"model": "speaker", "messages": [{"role": "user", "content": "\\ud800"}]}')
     with peak_memory() as memory:
         declared, chunked = await asyncio.gather(asyncio.to_thread(raw_post, url, 200 * MiB, chunked=False),
                                                  asyncio.to_thread(raw_post, url, 200 * MiB, chunked=True))

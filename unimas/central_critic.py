@@ -39,15 +39,17 @@ usual. During ``algorithm.critic_warmup`` the policy groups' updates are empty.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from unimas.config import ExperimentConfig
-from unimas.credit import CreditedTurn
-from unimas.groups.base import TrainTurn
 from unimas.groups.build import backend_options
-from unimas.groups.transport import Transport
-from unimas.registry import Registry
-from unimas.trajectory import GraphTrajectory, TurnNode
+
+if TYPE_CHECKING:  # `unimas validate` imports this module: no transport (model groups, torch) or credit here
+    from unimas.config import ExperimentConfig
+    from unimas.credit import CreditedTurn
+    from unimas.groups.base import TrainTurn
+    from unimas.groups.transport import Transport
+    from unimas.registry import Registry
+    from unimas.trajectory import GraphTrajectory, TurnNode
 
 CONTEXT_LINE = "{role}: {text}\n"
 """One earlier turn as the centralized critic reads it (docs/critic.md)."""

@@ -100,7 +100,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return cli_command(args)
 
-    from unimas import commands  # loads torch and the trainer: `unimas --help` and parse errors need neither
+    from unimas import commands  # each command imports what it needs: `unimas --help` and parse errors need none
 
     return getattr(commands, f"cmd_{args.command}")(args)
 

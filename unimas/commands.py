@@ -1,44 +1,49 @@
-"""What each CLI subcommand does; kept apart from argument parsing."""
+"""What each CLI subcommand does; kept apart from argument parsing.
+
+Each command imports what it needs inside its function: ``unimas plugins``
+must not wait for the trainer, the gateway's web stack or the report's
+plotting library (and through them torch, verl and matplotlib), and
+``unimas validate`` needs only the config checks.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
-from unimas.algorithm_docs import PARAMS_KEYS, parameter_lines
-from unimas.api import train
-from unimas.config_file import dump_config, load_config
-from unimas.dry_run import describe_dry_run, dry_run
 from unimas.errors import UserError
-from unimas.experiment import Experiment
-from unimas.gateway.serve import serve
-from unimas.groups.placement import placement_plan
-from unimas.groups.transport import start_transport
-from unimas.loggers import build_loggers
-from unimas.metrics import MetricsWriter
-from unimas.process import torch_setup
 from unimas.registry import KINDS, Registry, build_registry
-from unimas.report import write_report
-from unimas.rundir import RunDir
-from unimas.trainer import Trainer
-from unimas.validate import summary, validate
+
+if TYPE_CHECKING:
+    from unimas.experiment import Experiment
+    from unimas.trainer import Trainer
 
 
 def _prepare(args: argparse.Namespace) -> Experiment:
+    from unimas.config_file import load_config
+    from unimas.validate import validate
+
     return validate(load_config(args.config, args.overrides))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from unimas.validate import summary
+
     experiment = _prepare(args)
     print(f"ok: {args.config}")
     print(summary(experiment))
     if args.episodes:
+        from unimas.dry_run import describe_dry_run, dry_run
+
         print(describe_dry_run(experiment, dry_run(experiment, args.episodes)))
     return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from unimas.algorithm_docs import PARAMS_KEYS
+
     registry = build_registry()
     for kind in KINDS:
         print(f"{kind}:")
@@ -57,6 +62,8 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def _print_parameters(registry: Registry, kind: str) -> None:
     """Each plugin of an algorithm kind with the parameters it declares (set under ``PARAMS_KEYS[kind]``)."""
+    from unimas.algorithm_docs import PARAMS_KEYS, parameter_lines
+
     for name in registry.names(kind):
         print(f"  {name}  ({registry.provider(kind, name)}; {PARAMS_KEYS[kind]})")
         try:
@@ -68,6 +75,9 @@ def _print_parameters(registry: Registry, kind: str) -> None:
 
 
 def _dry_run_placement(experiment: Experiment) -> int:
+    from unimas.groups.placement import placement_plan
+    from unimas.validate import summary
+
     config = experiment.config
     print(summary(experiment))
     if config.runtime.kind != "ray":
@@ -87,6 +97,11 @@ def _dry_run_placement(experiment: Experiment) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from unimas.api import train
+    from unimas.config_file import load_config
+    from unimas.rundir import RunDir
+    from unimas.validate import validate
+
     config = load_config(args.config, args.overrides)
     if args.dry_run:
         return _dry_run_placement(validate(config))
@@ -99,6 +114,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from unimas.groups.transport import start_transport
+    from unimas.loggers import build_loggers
+    from unimas.metrics import MetricsWriter
+    from unimas.process import torch_setup
+    from unimas.rundir import RunDir
+    from unimas.trainer import Trainer
+
     experiment = _prepare(args)
     config = experiment.config
     run_dir = (RunDir(args.run_dir) if args.run_dir else RunDir.new(f"{config.name}-eval")).create()
@@ -123,6 +145,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 async def _evaluate(trainer: Trainer, checkpoint) -> dict:
+    from unimas.config_file import dump_config
+    from unimas.rundir import RunDir
+
     step = 0
     if checkpoint is not None:
         if not RunDir.is_complete(checkpoint):
@@ -133,6 +158,9 @@ async def _evaluate(trainer: Trainer, checkpoint) -> dict:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from unimas.gateway.serve import serve
+    from unimas.process import torch_setup
+
     experiment = _prepare(args)
     torch_setup(experiment.config.trainer.torch_threads, experiment.config.trainer.seed)
     asyncio.run(serve(experiment.config, experiment.registry, args.checkpoint, host=args.host, port=args.port))
@@ -140,6 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from unimas.report import write_report
+
     if not (args.run_dir / "metrics.jsonl").exists():
         raise UserError("no metrics.jsonl here: is this a unimas run directory?", where=str(args.run_dir))
     path = write_report(args.run_dir)

@@ -22,9 +22,6 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from unimas.config import ExperimentConfig
-from unimas.groups.openai import OpenAIOptions
-from unimas.groups.torch.options import TorchOptions
-from unimas.groups.verl.options import VerlOptions
 
 REGENERATE = "python -m unimas.config_docs > docs/config.md"
 
@@ -34,6 +31,10 @@ PLACEHOLDERS = {"models": "group", "roles": "role", "nodes": "node"}
 
 def builtin_backend_options() -> list[tuple[str, type[BaseModel]]]:
     """``(backend name, options model)`` of the backends unimas ships."""
+    from unimas.groups.openai import OpenAIOptions  # the backends' modules import torch: only for the docs
+    from unimas.groups.torch.options import TorchOptions
+    from unimas.groups.verl.options import VerlOptions
+
     return [("torch", TorchOptions), ("openai", OpenAIOptions), ("verl", VerlOptions)]
 
 

@@ -227,7 +227,7 @@ class CreditAssigner:
         algorithm = self.config.algorithm
         signal = self.shaper(turns) if self.shaper is not None else [c.turn.reward for c in turns]
         scores = torch.tensor([[value] for value in signal], dtype=torch.float32)
-        if self.estimator.needs_critic:  # per-token advantages come from the groups' critics (docs/critic.md)
+        if self.estimator.needs_critic:  # per-token advantages come from a critic: the groups' or the central one
             advantages = torch.zeros_like(scores)
         elif self.estimator.fn is _verl_grpo():
             advantages = grouped_advantages(scores, [c.key for c in turns], algorithm.norm_by_std)

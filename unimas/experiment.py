@@ -17,7 +17,6 @@ from unimas.algorithms import Estimator, resolve_estimator
 from unimas.config import ExperimentConfig, ParserConfig
 from unimas.credit import reward_keys
 from unimas.errors import UserError, describe
-from unimas.gateway.agent import AgentWorkflow
 from unimas.registry import Registry, build_registry
 from unimas.workflow.graph import make_graph_workflow
 
@@ -44,6 +43,8 @@ class Experiment:
         if config.workflow.graph is not None:
             workflow = make_graph_workflow(config.workflow.graph)
         elif config.workflow.agent is not None:
+            from unimas.gateway.agent import AgentWorkflow  # the gateway's web stack: only for agent workflows
+
             workflow = AgentWorkflow(config.workflow.agent, config.roles)
         else:
             workflow = registry.get("workflows", config.workflow.name, where="workflow.name")

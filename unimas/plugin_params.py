@@ -23,8 +23,10 @@ unchecked.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -103,8 +105,8 @@ def params_spec(obj: Callable[..., Any], name: str, *, keyword_only: bool = Fals
     if declared is not None:
         return ParamsSpec(declared, open=declared.model_config.get("extra") == "allow")
     try:
-        signature = inspect.signature(obj, eval_str=True)
-    except (NameError, TypeError, SyntaxError) as exc:  # an annotation that does not evaluate is the plugin's bug
+        signature = inspect.signature(obj)
+    except TypeError as exc:
         raise UserError(f"cannot read the parameter types of '{name}': {type(exc).__name__}: {exc}",
                         where=_location(obj)) from None
     except ValueError:  # builtins without a signature take no parameters unimas can check
@@ -120,7 +122,7 @@ def params_spec(obj: Callable[..., Any], name: str, *, keyword_only: bool = Fals
             continue
         if keyword_only and parameter.kind is not parameter.KEYWORD_ONLY:
             continue
-        annotation = parameter.annotation
+        annotation = _evaluated(parameter.annotation, obj, name)
         if annotation is parameter.empty:
             untyped.append(parameter.name)
             annotation = Any
@@ -132,6 +134,31 @@ def params_spec(obj: Callable[..., Any], name: str, *, keyword_only: bool = Fals
     except (TypeError, ValueError, NameError) as exc:  # pydantic cannot check such a type
         raise UserError(f"the parameter types of '{name}' cannot be checked: {exc}", where=_location(obj)) from None
     return ParamsSpec(model, tuple(untyped), is_open)
+
+
+def _evaluated(annotation: Any, obj: Callable[..., Any], name: str) -> Any:
+    """A string annotation (``from __future__ import annotations``) evaluated in the module that defines ``obj``.
+
+    Only the parameters that count are evaluated (what ``inspect.signature(eval_str=True)`` does for all of
+    them): verl's inputs and the return type may name types, such as ``torch.Tensor``, that a plugin imports
+    only under ``TYPE_CHECKING`` so that listing it does not import torch.
+    """
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return eval(annotation, _namespace(obj))  # noqa: S307 - the plugin's own annotation, as inspect evaluates it
+    except (NameError, SyntaxError, TypeError, AttributeError) as exc:  # the plugin's bug
+        raise UserError(f"cannot read the parameter types of '{name}': {type(exc).__name__}: {exc}",
+                        where=_location(obj)) from None
+
+
+def _namespace(obj: Any) -> dict[str, Any]:
+    """The globals of the function (or of the class's module) whose signature ``obj`` has."""
+    target = inspect.unwrap(obj.func if isinstance(obj, functools.partial) else obj)
+    if hasattr(target, "__globals__"):
+        return target.__globals__
+    module = sys.modules.get(getattr(target, "__module__", None) or "")
+    return vars(module) if module is not None else {}
 
 
 def _location(obj: Any) -> str:

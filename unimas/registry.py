@@ -9,6 +9,10 @@ like a hook but misspelt or not marked ``@unimas.hookimpl``, and a hook that
 returns something other than a dict. An installed plugin that fails to import
 does not break commands that never need it: it is reported as a warning, and
 named again if a name it might have provided is asked for.
+
+Discovery imports every plugin module, so it must stay cheap: a value whose
+module is expensive (a backend class pulls in torch and transformers) can be
+registered as a :class:`Deferred`, imported by :meth:`Registry.get` on first use.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import importlib.metadata
 import inspect
 import sys
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 import pluggy
@@ -38,6 +42,17 @@ def singular(kind: str) -> str:
 
 
 @dataclass(frozen=True)
+class Deferred:
+    """A registered object named by where it lives, ``Deferred("my_pkg.backend", "MyGroup")``; imported on use."""
+
+    module: str
+    attribute: str
+
+    def load(self) -> Any:
+        return getattr(importlib.import_module(self.module), self.attribute)
+
+
+@dataclass(frozen=True)
 class Entry:
     name: str
     kind: str
@@ -53,12 +68,25 @@ class Registry:
 
     def get(self, kind: str, name: str, *, where: str | None = None) -> Any:
         try:
-            return self.entries[kind][name].obj
+            entry = self.entries[kind][name]
         except KeyError:
             known = ", ".join(sorted(self.entries[kind])) or "none"
             raise UserError(f"unknown {singular(kind)} '{name}'. Registered {kind}: {known}. "
                             f"Install the plugin that provides it or list its module under 'plugins:'"
                             f"{self.broken_hint()}", where=where) from None
+        if isinstance(entry.obj, Deferred):
+            entry = replace(entry, obj=self._load(entry, where))
+            self.entries[kind][name] = entry
+        return entry.obj
+
+    @staticmethod
+    def _load(entry: Entry, where: str | None) -> Any:
+        deferred = entry.obj
+        try:
+            return deferred.load()
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported like a plugin that fails to import
+            raise UserError(f"{singular(entry.kind)} '{entry.name}' of {entry.provider} cannot be imported from "
+                            f"{deferred.module}.{deferred.attribute}: {describe(exc)}", where=where) from None
 
     def broken_hint(self) -> str:
         """Appended to every "unknown name" message: a plugin that failed to import may be the provider."""

@@ -2,16 +2,18 @@
 `verl` (verl's FSDP2 engine; see docs/verl.md).
 
 Each name maps to the backend class itself: its ``options`` model validates
-``models.<group>.options`` and its ``build`` classmethod makes the group.
+``models.<group>.options`` and its ``build`` classmethod makes the group. The
+classes are :class:`~unimas.registry.Deferred`: their modules import torch,
+transformers or verl, which ``unimas plugins`` has no use for; the registry
+imports one when a config names it.
 """
 
 import unimas
+from unimas.registry import Deferred
 
 
 @unimas.hookimpl
 def unimas_backends():
-    from unimas.groups.openai import OpenAIModelGroup
-    from unimas.groups.torch import TorchModelGroup
-    from unimas.groups.verl.group import VerlModelGroup
-
-    return {"torch": TorchModelGroup, "openai": OpenAIModelGroup, "verl": VerlModelGroup}
+    return {"torch": Deferred("unimas.groups.torch", "TorchModelGroup"),
+            "openai": Deferred("unimas.groups.openai", "OpenAIModelGroup"),
+            "verl": Deferred("unimas.groups.verl.group", "VerlModelGroup")}

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter, defaultdict
+from typing import TYPE_CHECKING
 
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import GenRequest, GenResult
-from unimas.groups.transport import Transport
+
+if TYPE_CHECKING:  # the transport module builds model groups (torch); the router only calls one
+    from unimas.groups.transport import Transport
 
 
 class Router:

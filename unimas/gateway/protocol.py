@@ -105,8 +105,9 @@ def _check_unicode(body: dict[str, Any]) -> None:
         if isinstance(value, dict):
             for key, item in value.items():
                 if _lone_surrogate(key) is not None:
+                    shown = key.encode("utf-8", "backslashreplace").decode()
                     raise GatewayError(400, f"a field name in '{where or 'the body'}' is not valid Unicode text: "
-                                            f"'{key.encode('utf-8', 'backslashreplace').decode()}'", param=where or None)
+                                            f"'{shown}'", param=where or None)
                 stack.append((f"{where}.{key}" if where else key, item))
         elif isinstance(value, list):
             stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))

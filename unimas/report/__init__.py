@@ -12,8 +12,6 @@ from pathlib import Path
 
 from unimas.errors import UserError
 from unimas.report.data import load_run
-from unimas.report.html import render
-from unimas.report.plots import write_plots
 from unimas.rundir import RunDir
 
 
@@ -23,6 +21,9 @@ def write_report(run_dir: Path) -> Path:
     Prints one ``warning:`` line to stderr per damaged part skipped. Raises
     :class:`UserError` when ``metrics.jsonl`` cannot be read or the report cannot be written.
     """
+    from unimas.report.html import render  # matplotlib: not for `unimas validate`, which reads report.data
+    from unimas.report.plots import write_plots
+
     run_dir = Path(run_dir)
     run = load_run(run_dir)
     for item in run.skipped:

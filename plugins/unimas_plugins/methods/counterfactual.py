@@ -14,11 +14,12 @@ their task and role. Pair with ``estimator: passthrough``.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable
-
-from unimas.credit import CreditedTurn
+from typing import TYPE_CHECKING, Callable
 
 from ._common import episode_return, leave_one_out
+
+if TYPE_CHECKING:  # unimas.credit imports torch; the registry lists this shaper without it
+    from unimas.credit import CreditedTurn
 
 
 def decision_key(c: CreditedTurn, forked_points: set[tuple[str, str]]) -> str | None:

@@ -13,13 +13,12 @@ explicit pydantic model (:class:`GdpoParams`): ``weights`` must match ``channels
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from unimas.credit import CreditedTurn
+if TYPE_CHECKING:  # the registry lists this shaper without importing torch
+    from unimas.credit import CreditedTurn
 
 
 def channel_value(raw: Any, role: str, turn_id: str) -> float:
@@ -48,6 +47,8 @@ class GdpoParams(BaseModel):
 def gdpo(channels: list[str], weights: list[float] | None = None, norm_by_std: bool = True):
 
     def shape(turns: list[CreditedTurn]) -> list[float]:
+        import numpy as np
+        import torch
         from verl.trainer.config import AlgoConfig
         from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 

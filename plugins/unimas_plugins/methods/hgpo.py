@@ -13,13 +13,14 @@ Pair with ``estimator: passthrough``.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, PositiveFloat
 
-from unimas.credit import CreditedTurn
-
 from ._common import group_means, history_key
+
+if TYPE_CHECKING:  # unimas.credit imports torch; the registry lists this shaper without it
+    from unimas.credit import CreditedTurn
 
 
 def hgpo(

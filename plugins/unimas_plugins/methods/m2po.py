@@ -15,16 +15,18 @@ advantage), so staleness alone does not reach this loss's ratios.
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import torch
 from pydantic import Field, PositiveFloat
 
-from unimas.algorithms import agg_loss
+if TYPE_CHECKING:  # the registry lists this loss without importing torch
+    import torch
 
 
 def second_moment_mask(log_ratio: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
     """``mask`` with the largest-``|log_ratio|`` tokens removed until ``mean(log_ratio**2) <= tau`` over the rest."""
+    import torch
+
     valid = mask.bool()
     squares = (log_ratio.detach() ** 2)[valid]
     order = torch.argsort(squares, descending=True)
@@ -43,6 +45,10 @@ def second_moment_mask(log_ratio: torch.Tensor, mask: torch.Tensor, tau: float) 
 def m2po(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, *,
          tau: Annotated[Optional[PositiveFloat], Field(description="bound (> 0) on the mean squared log-ratio of "
                                                          "the kept tokens; null = clip_ratio ** 2 / 4")] = None):
+    import torch
+
+    from unimas.algorithms import agg_loss
+
     if tau is None:
         clip = getattr(config, "clip_ratio", 0.2) if config is not None else 0.2
         tau = clip ** 2 / 4

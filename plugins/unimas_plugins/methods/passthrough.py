@@ -7,7 +7,10 @@ It takes no ``index``, so validation does not ask for ``group_size >= 2``.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the registry lists this estimator without importing torch
+    import torch
 
 
 def passthrough(token_level_rewards: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
