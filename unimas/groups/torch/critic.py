@@ -49,6 +49,7 @@ from unimas.groups.base import Critique, GroupSpec, TrainTurn
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch import optimizer as optim_lib
 from unimas.groups.torch.layout import PaddedBatch, layout_batch, pad_rows
+from unimas.groups.torch.training import minibatches
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
 if TYPE_CHECKING:
@@ -168,16 +169,11 @@ class Critic:
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         lr = optim_lib.current_lr(self.optimizer)
-        for _ in range(algorithm.ppo_epochs):
-            order = list(range(len(turns)))
-            if size < len(turns):
-                order = torch.randperm(len(turns), generator=group.generator, device=group.device).tolist()
-            for begin in range(0, len(turns), size):
-                rows = order[begin: begin + size]
-                for key, value in self._step(group, [turns[i] for i in rows], [old[i] for i in rows],
-                                             [returns[i] for i in rows]).items():
-                    sums[key] += value
-                steps += 1
+        for rows in minibatches(group, len(turns), size, algorithm.ppo_epochs):
+            for key, value in self._step(group, [turns[i] for i in rows], [old[i] for i in rows],
+                                         [returns[i] for i in rows]).items():
+                sums[key] += value
+            steps += 1
         optim_lib.advance(self.scheduler)
         return {**{key: value / max(steps, 1) for key, value in sums.items()}, "lr": lr}
 

@@ -18,7 +18,7 @@ import operator
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
 
@@ -164,6 +164,17 @@ def old_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTurn], chunk: in
     return rows
 
 
+def minibatches(group: "TorchModelGroup", count: int, size: int, epochs: int) -> Iterator[list[int]]:
+    """Row indices of each mini-batch, epoch after epoch: in order when one batch holds all rows, else shuffled by
+    the group's generator (saved with checkpoints, so a resumed run draws the same orders)."""
+    for _ in range(epochs):
+        order = list(range(count))
+        if size < count:
+            order = torch.randperm(count, generator=group.generator, device=group.device).tolist()
+        for begin in range(0, count, size):
+            yield order[begin: begin + size]
+
+
 def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torch.optim.Optimizer) -> dict[str, float]:
     """PPO epochs over shuffled mini-batches; metrics are means over optimiser steps."""
     algorithm = group.spec.algorithm
@@ -182,19 +193,14 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
     mismatch = 0.0
     group.model.train()
     try:
-        for _ in range(algorithm.ppo_epochs):
-            order = list(range(len(turns)))
-            if size < len(turns):
-                order = torch.randperm(len(turns), generator=group.generator, device=group.device).tolist()
-            for begin in range(0, len(turns), size):
-                rows = order[begin: begin + size]
-                batch = [turns[i] for i in rows]
-                step = ppo_step(group, batch, [old[i] for i in rows], algorithm, optimizer, check_rollout=steps == 0,
-                                behaviour=[behaviour[i] for i in rows])
-                mismatch = max(mismatch, step.pop("rollout_logprob_diff", 0.0))
-                for key, value in step.items():
-                    sums[key] += value
-                steps += 1
+        for rows in minibatches(group, len(turns), size, algorithm.ppo_epochs):
+            batch = [turns[i] for i in rows]
+            step = ppo_step(group, batch, [old[i] for i in rows], algorithm, optimizer, check_rollout=steps == 0,
+                            behaviour=[behaviour[i] for i in rows])
+            mismatch = max(mismatch, step.pop("rollout_logprob_diff", 0.0))
+            for key, value in step.items():
+                sums[key] += value
+            steps += 1
     finally:
         group.model.eval()
     metrics = {key: value / max(steps, 1) for key, value in sums.items()}
