@@ -7,7 +7,7 @@ user waits for, interpreter start included), best of ``--repeats``. A second
 subprocess per command runs the same entry point in-process and reports how
 many modules ended up in ``sys.modules`` and which heavy packages among them.
 
-    python benchmarks/startup.py            # best of 3 (~1 min on an idle 2-core machine)
+    python benchmarks/startup.py            # best of 3 (~30 s on a 2-core machine)
     python benchmarks/startup.py --smoke    # one repetition each
 """
 

@@ -113,3 +113,13 @@ def test_verl_workers_smoke():
     rows = table_rows(out, "variant")
     assert [row[0] for row in rows] == ["one after the other", "together"]
     assert all(number(row[1]) > 0 for row in rows) and "together / sequential:" in out
+
+
+def test_startup_smoke():
+    out = run_benchmark("startup.py")
+    rows = table_rows(out, "command")
+    assert [row[0].strip("`") for row in rows] == [
+        'python -c "import unimas"', "unimas --help", "unimas plugins", "unimas plugins --verbose",
+        "unimas validate examples/quickstart.yaml"]
+    assert all(number(row[1]) > 0 and number(row[2]) > 0 for row in rows)  # seconds, modules imported
+    assert [row[3] for row in rows[:4]] == ["—"] * 4  # nothing heavy before a config needs a model

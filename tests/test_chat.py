@@ -156,3 +156,74 @@ def test_plain_prompt_ids_tokenise_each_text_once_and_hand_out_copies():
     # full again, with a text the memo holds in the same batch: it starts over with the whole batch
     assert prompt_ids(["ab", "bb"]) == tokenizer.inner(["ab", "bb"], add_special_tokens=True)["input_ids"]
     assert tokenizer.texts[-2:] == ["ab", "bb"]
+
+
+STRICT_TEMPLATE_CHECK = (
+    "{%- for message in messages %}{%- if loop.index0 > 0 and message['role'] == messages[loop.index0 - 1]['role'] "
+    "%}{{ raise_exception('Conversation roles must alternate') }}{%- endif %}{%- endfor %}")
+
+
+def strict_model(chat_model, directory):
+    """The test chat model with a template that raises on two messages of one role in a row (as Llama's and
+    Mistral's do)."""
+    import shutil
+
+    target = directory / "strict-chat"
+    shutil.copytree(chat_model, target)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer.chat_template = STRICT_TEMPLATE_CHECK + tokenizer.chat_template
+    tokenizer.save_pretrained(target)
+    return target
+
+
+def test_a_request_the_template_cannot_render_fails_alone_and_the_batch_goes_on(chat_model, tmp_path):
+    """Through the router and the torch group: one request of a batch makes the chat template raise; it gets
+    its error as its result, the others are sampled (and the batch really was one batch)."""
+    from unimas.config import GenerationConfig
+    from unimas.groups.base import GenRequest
+
+    config = chat_config(strict_model(chat_model, tmp_path))
+    transport = LocalTransport.start(config, validate(config).registry)
+    router = Router(transport, 64, 10.0)
+    generation = GenerationConfig(max_new_tokens=3, require_eos=False)
+    good = [{"role": "user", "content": "hi"}]
+    bad = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"},
+           {"role": "assistant", "content": "b"}]
+
+    async def one(messages, name):
+        router.episode_started()
+        try:
+            return await router.submit("chat", GenRequest(prompt="", generation=generation, messages=messages),
+                                       episode=name)
+        finally:
+            router.episode_finished()
+
+    async def batch():
+        return await asyncio.gather(one(good, "e0"), one(bad, "e1"), one(good, "e2"))
+
+    try:
+        first, refused, last = asyncio.run(batch())
+    finally:
+        transport.shutdown()
+    assert router.batches == [("chat", 3)]
+    assert refused.error and "Conversation roles must alternate" in refused.error and "'chat'" in refused.error
+    assert refused.response_ids == [] and refused.logprobs == []
+    for result in (first, last):
+        assert result.error is None and 0 < len(result.response_ids) == len(result.logprobs)
+
+
+def test_streamed_text_is_complete_characters_and_never_a_possible_stop():
+    from unimas.groups.streaming import TextProgress, shown_text
+
+    assert shown_text("ab\ufffd") == "ab"  # the first bytes of a character that is not complete yet
+    assert shown_text("answer: 4 EN", ["END"]) == "answer: 4 "  # "EN" may become the stop string
+    assert shown_text("answer: 4 ENDx", ["END"]) == "answer: 4 "  # never anything from the stop string on
+    assert shown_text("answer: E4", ["END"]) == "answer: E4"  # "E4" cannot start it: shown
+    assert shown_text("x", ["xy", "x"]) == ""
+    reported = []
+    pieces = {1: "\ufffd", 2: "é", 3: "é E", 4: "é EN", 5: "é ENX"}
+    progress = TextProgress(lambda ids: pieces[len(ids)], ["END"], reported.append)
+    progress.start()
+    for token in range(5):
+        progress.add(token)
+    assert reported == ["", "é", "é ", "é ENX"]

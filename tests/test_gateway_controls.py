@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from openai import AsyncOpenAI, BadRequestError
 
@@ -16,6 +17,7 @@ from tests.test_gateway import run_episodes
 from unimas.gateway.protocol import GatewayError, format_error, parse_chat
 from unimas.metrics import rollout_metrics
 from unimas.tiny_chat import chat_model_dir
+from unimas.trajectory import TurnNode
 
 ROLES = {"agent"}
 
@@ -120,6 +122,107 @@ def test_stop_logprobs_and_response_format_on_real_turns(chat_model):
     assert stop_turn.response_ids == plain_turn.response_ids[: len(stop_turn.response_ids)]
     assert len(stop_turn.response_ids) < len(plain_turn.response_ids) == len(stop_turn.response_ids) + 1
     assert len(stop_turn.logprobs) == len(stop_turn.response_ids)
+
+
+async def streaming_agent(task: dict, base_url: str) -> dict:
+    """The same answer asked for plainly and streamed (chat completions and the Responses API), then streamed
+    with a stop string taken from inside it."""
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    ask = [{"role": "user", "content": task["target"]}]
+    plain = await client.chat.completions.create(model="agent", messages=ask)
+
+    async def streamed(**options) -> list:
+        chunks = [chunk async for chunk in await client.chat.completions.create(
+            model="agent", messages=ask, stream=True, **options)]
+        return [chunk.model_dump() for chunk in chunks]
+
+    whole = await streamed()
+    text = plain.choices[0].message.content
+    # a two-character stop string that first occurs well inside the answer
+    stop = next(text[i:i + 2] for i in range(4, len(text) - 1) if text.index(text[i:i + 2]) == i)
+    stopped = await streamed(stop=[stop])
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+        async with http.stream("POST", "/responses", json={"model": "agent", "input": task["target"],
+                                                           "stream": True}) as answer:
+            events = [json.loads(line[6:]) async for line in answer.aiter_lines() if line.startswith("data: ")]
+    return {"answer": task["target"], "plain": text, "whole": whole, "stop": stop, "stopped": stopped,
+            "events": events}
+
+
+def contents(chunks: list) -> list[str]:
+    return [c["choices"][0]["delta"]["content"] for c in chunks if c["choices"] and c["choices"][0]["delta"].get(
+        "content")]
+
+
+def test_streamed_answers_arrive_as_they_are_sampled_and_equal_the_recorded_turn():
+    """On a tiny random-init model (long answers, no chat template): greedy, so every request of the episode
+    samples the same answer, streamed or not."""
+    tree = agent_team("unused", "tests.test_gateway_controls:streaming_agent", max_new_tokens=16)
+    tree["models"]["shared"]["options"] = {"tiny": {"alphabet": "abcdefgh: ", "hidden_size": 32, "num_layers": 2,
+                                                    "num_heads": 4, "max_positions": 128}}
+    [trajectory], _ = run_episodes(tree, [{"target": "e: f g", "answer": "x"}], greedy=True)
+    assert trajectory.error is None, trajectory.error
+    outcome = trajectory.outcome
+    plain, whole, stopped, responded = trajectory.turns()
+    assert len(plain.response_ids) >= 8 and len(plain.text) >= 6, plain.text
+    pieces = contents(outcome["whole"])
+    assert len(pieces) > 1 and "".join(pieces) == whole.text == outcome["plain"] == plain.text
+    assert whole.response_ids == plain.response_ids and whole.logprobs == plain.logprobs  # greedy: the same turn
+    assert outcome["whole"][0]["choices"][0]["delta"]["role"] == "assistant"
+    assert outcome["whole"][-1]["usage"]["completion_tokens"] == len(whole.response_ids)
+    [chunk_id] = {c["id"] for c in outcome["whole"]}
+    assert chunk_id.startswith("chatcmpl-") and chunk_id.endswith(f":{whole.id}")
+    # a stop string is never streamed, not even its first character before it is complete
+    stop, pieces = outcome["stop"], contents(outcome["stopped"])
+    assert stopped.stop == stop and "".join(pieces) == stopped.text == plain.text[: plain.text.index(stop)]
+    shown = ["".join(pieces[:n]) for n in range(1, len(pieces))]  # what the client had seen before the end
+    assert pieces and not any(text.endswith(stop[0]) or stop in text for text in shown)
+    assert outcome["stopped"][-1]["choices"][0]["finish_reason"] == "stop"
+    # the Responses API streams its text deltas the same way
+    deltas = [e["delta"] for e in outcome["events"] if e["type"] == "response.output_text.delta" and e["delta"]]
+    assert len(deltas) > 1 and "".join(deltas) == responded.text == outcome["events"][-1]["response"]["output_text"]
+    assert [e["sequence_number"] for e in outcome["events"]] == list(range(len(outcome["events"])))
+
+
+class StreamingSession:
+    """A stand-in session: its turn reports its text from another thread (as the generating thread does), or is
+    refused before sampling."""
+
+    responses = None
+
+    async def chat(self, call, progress=None):
+        import asyncio
+        import threading
+
+        if call.messages[-1]["content"] == "refuse":
+            raise GatewayError(400, "the request's messages cannot be rendered: boom", param="messages",
+                               code="invalid_messages")
+
+        def sample():
+            for text in ("", "Hel", "Hello", "Hello, wor", "Hello, world"):
+                progress("agent#0", text)
+
+        worker = threading.Thread(target=sample)
+        worker.start()
+        await asyncio.get_running_loop().run_in_executor(None, worker.join)
+        return TurnNode(id="agent#0", role="agent", model_group="g", prompt="", text="Hello, world",
+                        prompt_ids=[1], response_ids=[5, 6, 7], logprobs=[-1.0] * 3, finished=True)
+
+
+def test_the_stream_sends_each_update_and_a_refusal_keeps_its_status():
+    from fastapi.testclient import TestClient
+
+    from unimas.gateway.app import build_app
+
+    client = TestClient(build_app(lambda key: StreamingSession(), ["agent"], token=None))
+    body = {"model": "agent", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with client.stream("POST", "/v1/chat/completions", json=body) as answer:
+        chunks = [json.loads(line[6:]) for line in answer.iter_lines() if line.startswith("data: {")]
+    assert answer.status_code == 200
+    assert contents(chunks) == ["Hel", "lo", ", wor", "ld"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and chunks[-1]["usage"]["completion_tokens"] == 3
+    refused = client.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": "refuse"}]})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_messages"
 
 
 async def forced_agent(task: dict, base_url: str) -> dict:

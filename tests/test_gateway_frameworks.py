@@ -1,5 +1,8 @@
 """Agent frameworks through the gateway: smolagents' CodeAgent (always sends ``stop``) and ToolCallingAgent (always
-sends ``tool_choice: required``), each training 2 steps on the tool-calling test model.
+sends ``tool_choice: required``), each training 2 steps on the tool-calling test model; and the example programs
+for LangGraph, litellm and AutoGen (examples/gateway/), each run as the `command` of tool_agent.yaml for 2 steps.
+A framework that is not installed skips its test (``pip install 'unimas[frameworks]'``; AutoGen needs an
+environment of its own, named by ``$UNIMAS_AUTOGEN_PYTHON``: see docs/gateway.md).
 
 CodeAgent runs the code the model writes: smolagents' own restricted interpreter (LocalPythonExecutor, no
 imports authorised here) is what would run it; the tiny model's answers are not code blocks it can parse, and
@@ -9,6 +12,10 @@ unimas itself never executes model output.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -75,3 +82,57 @@ def test_smolagents_tool_calling_agent_trains_two_steps(tool_model, tmp_path):  
     with_tools = [turn for turn in turns if turn.tools]
     assert with_tools and all(turn.forced_ids and turn.text.startswith("<tool_call>") for turn in with_tools)
     assert all(turn.prompt_ids[-len(turn.forced_ids):] == turn.forced_ids for turn in with_tools)  # never trained
+
+
+# -- the example programs of docs/gateway.md, "Frameworks", run as `command` agents of tool_agent.yaml ----------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def python_with(module: str, override: str) -> str:
+    """An interpreter that imports ``module``: ``$override`` (a separate environment) or this one; else skip."""
+    python = os.environ.get(override) or sys.executable
+    found = subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+    if not found:
+        pytest.skip(f"{module} is not installed (pip install 'unimas[frameworks]', or set ${override} to a Python "
+                    "that has it)")
+    return python
+
+
+def train_example(model_dir, example: str, python: str, tmp_path) -> list:
+    """2 training steps of examples/gateway/tool_agent.yaml with its command swapped for ``example``."""
+    text = (REPO / "examples/gateway/tool_agent.yaml").read_text()
+    text = text.replace("options: {path: ../models/tiny-chat-tools}", f"options: {{path: {model_dir}}}")
+    text = text.replace("command: [python, examples/gateway/openai_tools.py]",
+                        f"command: [{python}, {REPO / 'examples/gateway' / example}]")
+    assert example in text
+    config = tmp_path / "agent.yaml"
+    config.write_text(text)
+    run = tmp_path / "run"
+    settings = ["trainer.steps=2", "logging.console=false", "logging.report=false"]
+    assert main(["train", str(config), "--run-dir", str(run), *[a for s in settings for a in ("--set", s)]]) == 0
+    trajectories = read_jsonl(run / "trajectories/train.jsonl")
+    assert len(trajectories) == 4 and not any(t.failed for t in trajectories), [t.error for t in trajectories]
+    turns = [turn for t in trajectories for turn in t.turns()]
+    assert turns and all(turn.response_ids and len(turn.logprobs) == len(turn.response_ids) for turn in turns)
+    return trajectories
+
+
+def test_a_langgraph_react_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
+    python = python_with("langgraph.prebuilt", "UNIMAS_LANGGRAPH_PYTHON")
+    trajectories = train_example(tool_model, "langgraph_agent.py", python, tmp_path)
+    first_turns = [t.turns()[0] for t in trajectories]
+    assert all(turn.tools and turn.tools[0]["function"]["name"] == "lookup" for turn in first_turns)
+
+
+def test_litellm_completion_trains_two_steps(tool_model, tmp_path):  # noqa: F811
+    python = python_with("litellm", "UNIMAS_LITELLM_PYTHON")
+    trajectories = train_example(tool_model, "litellm_agent.py", python, tmp_path)
+    assert all([turn.role for turn in t.turns()] == ["agent"] for t in trajectories)
+
+
+def test_an_autogen_assistant_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
+    python = python_with("autogen_agentchat", "UNIMAS_AUTOGEN_PYTHON")
+    trajectories = train_example(tool_model, "autogen_agent.py", python, tmp_path)
+    first_turns = [t.turns()[0] for t in trajectories]
+    assert all(turn.tools and turn.tools[0]["function"]["name"] == "lookup" for turn in first_turns)

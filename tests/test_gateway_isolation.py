@@ -28,6 +28,7 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import AsyncOpenAI
 
+from tests.test_chat import strict_model
 from tests.test_gateway import run_episodes, team
 from unimas.cli import main
 from unimas.config_file import config_from_dict
@@ -70,6 +71,20 @@ if task["target"] == "a":
     body = body.replace(content, content + "\\ud800")  # in the JSON text: the escape of a lone surrogate
 status, answer = post(BASE + "/chat/completions", KEY, body.encode())
 if status != 200:  # what an openai client does: raise, and the program exits non-zero
+    error = answer["error"]
+    sys.exit(f"HTTP {status} {error['code']} param={error['param']}: {error['message']}")
+message = answer["choices"][0]["message"]["content"]
+status, guess = post(BASE + "/chat/completions", KEY, chat("listener", "message: " + message))
+print(json.dumps({"answer": guess["choices"][0]["message"]["content"].strip(), "message": message}))
+'''
+
+UNRENDERABLE_AGENT = HTTP + r'''
+task = json.load(sys.stdin)
+messages = [{"role": "user", "content": "target: " + task["target"]}]
+if task["target"] == "a":  # two assistant messages in a row: the strict template raises on them
+    messages += [{"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}]
+status, answer = post(BASE + "/chat/completions", KEY, {"model": "speaker", "max_tokens": 1, "messages": messages})
+if status != 200:
     error = answer["error"]
     sys.exit(f"HTTP {status} {error['code']} param={error['param']}: {error['message']}")
 message = answer["choices"][0]["message"]["content"]
@@ -238,6 +253,34 @@ def test_a_lone_surrogate_fails_its_episode_and_the_run_goes_on(chat_model, tmp_
     for trajectory in poisoned:
         assert "HTTP 400 invalid_request param=messages[0].content" in trajectory.error
         assert "lone surrogate" in trajectory.error
+    others = [t for t in trajectories if t.task["target"] != "a"]
+    assert others and not any(t.failed for t in others)
+    assert all([n.role for n in t.turns()] == ["speaker", "listener"] for t in others)
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_messages_the_chat_template_cannot_render_fail_their_episode_and_the_run_goes_on(chat_model, tmp_path,
+                                                                                         capfd):
+    """A template's raise_exception on one agent's messages fails that request (400 naming the problem) and its
+    episode, never the batch it was generated in: the other episodes' turns are sampled, the run exits 0."""
+    model = strict_model(chat_model, tmp_path)
+    text = (REPO / "examples/gateway/two_agents.yaml").read_text()
+    text = text.replace("options: {path: ../models/tiny-chat}", f"options: {{path: {model}}}")
+    text = text.replace("command: [python, examples/gateway/two_agents.py]",
+                        f"command: [{sys.executable}, {program(tmp_path, 'unrenderable', UNRENDERABLE_AGENT)}]")
+    text = text.replace("params: {targets: abcdefgh}", "params: {targets: abcd}")
+    config = tmp_path / "unrenderable.yaml"
+    config.write_text(text)
+    run = tmp_path / "run"
+    settings = ["trainer.steps=1", "trainer.tasks_per_step=4", "algorithm.group_size=2", "trainer.eval_every=0",
+                "logging.console=false", "logging.report=false"]
+    assert main(["train", str(config), "--run-dir", str(run), *[a for s in settings for a in ("--set", s)]]) == 0
+    trajectories = read_jsonl(run / "trajectories/train.jsonl")
+    broken = [t for t in trajectories if t.task["target"] == "a"]
+    assert broken and all(t.failed and not t.turns() for t in broken)
+    for trajectory in broken:
+        assert "cannot turn this request's messages into prompt ids" in trajectory.error
+        assert "Conversation roles must alternate" in trajectory.error
     others = [t for t in trajectories if t.task["target"] != "a"]
     assert others and not any(t.failed for t in others)
     assert all([n.role for n in t.turns()] == ["speaker", "listener"] for t in others)

@@ -190,6 +190,48 @@ def test_same_seed_same_samples_different_seed_different():
     assert first != [r.response_ids for r in a.generate(requests)]  # the generator advances
 
 
+def test_streamed_rows_report_their_text_as_it_grows_and_sample_the_same():
+    """Rows with a progress callback see their text grow to the result's text (a stop string never shown);
+    the other rows cost nothing extra, and a batch samples the same tokens whether its rows stream or not."""
+    def batch(stream: bool, seen: dict):
+        group = make_group(seed=3)
+        requests = [GenRequest(p, gen(10), stop=["ab"] if i == 1 else None,
+                               progress=seen.setdefault(i, []).append if stream and i < 3 else None)
+                    for i, p in enumerate(PROMPTS)]
+        return group.generate(requests)
+
+    seen: dict[int, list[str]] = {}
+    plain, streamed = batch(False, {}), batch(True, seen)
+    assert [r.response_ids for r in streamed] == [r.response_ids for r in plain]
+    assert [r.logprobs for r in streamed] == [r.logprobs for r in plain]
+    for row in range(3):
+        texts = seen[row]
+        assert texts[0] == "" and texts[-1] == streamed[row].text
+        assert all(later.startswith(earlier) and len(later) > len(earlier) for earlier, later in zip(texts[1:],
+                                                                                                     texts[2:]))
+        assert all("ab" not in text and not text.endswith("a") for text in texts) if row == 1 else True
+    assert len(seen[0]) > 3  # one report per token: chars are one token each
+    assert seen.keys() == {0, 1, 2}
+
+
+def test_a_request_that_cannot_be_tokenised_fails_alone():
+    """A prompt the tokenizer raises on is that request's error; the rest of the batch is sampled."""
+    group = make_group()
+    tokenise = group.plain_prompt_ids
+
+    def picky(texts):
+        if any("h" in text for text in texts):
+            raise ValueError("cannot tokenise 'h'")
+        return tokenise(texts)
+
+    group.plain_prompt_ids = picky
+    results = group.generate([GenRequest(p, gen(3)) for p in PROMPTS])
+    failed = [r for r, p in zip(results, PROMPTS) if "h" in p]
+    assert failed and all("cannot tokenise 'h'" in r.error and "'m'" in r.error and not r.response_ids
+                          for r in failed)
+    assert all(r.error is None and r.response_ids for r, p in zip(results, PROMPTS) if "h" not in p)
+
+
 # --------------------------------------------------------------- updates
 
 

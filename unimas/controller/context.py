@@ -11,6 +11,7 @@ through these same two calls, so both produce the same graph trajectory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -93,6 +94,8 @@ class EpisodeContext:
         started = time.perf_counter()
         replayed = self._prefix.result_for(f"{role}#{index}", user_text) if self._prefix is not None else None
         result = replayed or await self._router.submit(spec.model, request, episode=self.trajectory.episode_id)
+        if result.error:
+            raise RequestRefused(f"role '{role}': {result.error}")
         node = TurnNode(
             id=f"{role}#{index}", role=role, model_group=spec.model, prompt=result.prompt_text or prompt,
             text=result.text, input=user_text, messages=messages if spec.memory != "none" else [],
@@ -110,7 +113,8 @@ class EpisodeContext:
 
     async def chat(self, role: str, messages: list[dict[str, Any]], *, after: Iterable[Any] = (),
                    tools: list[dict[str, Any]] | None = None, stop: list[str] | None = None,
-                   response_prefix: str = "", token_texts: bool = False, **overrides: Any) -> TurnNode:
+                   response_prefix: str = "", token_texts: bool = False,
+                   progress: Callable[[str, str], None] | None = None, **overrides: Any) -> TurnNode:
         """A role turn on chat messages written by someone else (the OpenAI gateway's agents).
 
         Unlike ``act`` there is no template and no ``memory``: the messages are
@@ -120,7 +124,10 @@ class EpisodeContext:
         strings; ``response_prefix``: text forced at the start of the answer
         (prompt-side ids, recorded as ``forced_ids``); ``token_texts``: record
         each response token's text. A group that does not apply ``stop`` or
-        ``response_prefix`` raises :class:`UnsupportedControl`.
+        ``response_prefix`` raises :class:`UnsupportedControl`. ``progress``:
+        called as ``progress(turn_id, text_so_far)`` while the answer is sampled
+        (``GenRequest.progress``; never by a group that cannot stream). Messages
+        the group cannot render raise :class:`RequestRefused`.
         The role's previous turn is offered as the continuation, which the
         group uses only when these messages extend that conversation under
         the same tool list (otherwise the turn says why in ``rerendered``).
@@ -141,9 +148,12 @@ class EpisodeContext:
         request = GenRequest(prompt=prompt, generation=generation, adapter=spec.adapter, greedy=self._greedy,
                              messages=messages, continuation=continuation, use_chat_template=spec.chat != "off",
                              allow_truncation=spec.truncation == "left", tools=tools, stop=stop,
-                             response_prefix=response_prefix, token_texts=token_texts)
+                             response_prefix=response_prefix, token_texts=token_texts,
+                             progress=None if progress is None else functools.partial(progress, f"{role}#{index}"))
         started = time.perf_counter()
         result = await self._router.submit(spec.model, request, episode=self.trajectory.episode_id)
+        if result.error:
+            raise RequestRefused(result.error)
         for control, asked in (("stop", bool(stop)), ("response_prefix", bool(response_prefix))):
             if asked and control not in result.controls:
                 raise UnsupportedControl(control, spec.model)
@@ -188,6 +198,12 @@ class UnsupportedControl(RuntimeError):
         super().__init__(f"model group '{group}' does not apply '{control}' (its backend lacks it; the torch "
                          "backend has it)")
         self.control = control
+
+
+class RequestRefused(RuntimeError):
+    """The model group could not serve this turn's request (``GenResult.error``: its messages made the chat
+    template or the tokenizer fail) although the group is fine: this episode fails with the message, the
+    others of the batch go on."""
 
 
 class PromptTooLong(RuntimeError):

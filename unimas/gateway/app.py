@@ -25,8 +25,10 @@ from starlette.exceptions import HTTPException
 from unimas.gateway.guard import Guard
 from unimas.gateway.protocol import (MAX_REQUEST_BYTES, GatewayError, completion, model_list, parse_chat,
                                      parse_json, stream_events)
-from unimas.gateway.responses import parse_responses, response_events, response_object
+from unimas.gateway.responses import parse_responses, response_events, response_object, response_shell
 from unimas.gateway.sessions import Episode, Serving
+from unimas.gateway.streaming import TurnStream
+from unimas.trajectory import TurnNode
 
 Lookup = Callable[[str | None], "Episode | Serving"]
 """Episode key (None: the plain ``/v1`` prefix) -> its session; raises GatewayError(404) when there is none."""
@@ -71,19 +73,33 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None, hosts: frozen
     async def chat(request: Request, key: str | None = None) -> dict | StreamingResponse:
         session = checked(request, key)
         call = parse_chat(parse_json(await request.body()), set(roles), sampling=isinstance(session, Serving))
-        turn = await session.chat(call)
         prefix = f"{session.key}:" if isinstance(session, Episode) else ""
-        done = completion(turn, f"chatcmpl-{prefix}{turn.id}", tools=bool(call.tools), call=call)
-        return StreamingResponse(stream_events(done), media_type="text/event-stream") if call.stream else done
+
+        def answer(turn: TurnNode) -> dict:
+            return completion(turn, f"chatcmpl-{prefix}{turn.id}", tools=bool(call.tools), call=call)
+
+        if not call.stream:
+            return answer(await session.chat(call))
+        stream = TurnStream()
+        await stream.open(session.chat(call, progress=stream))  # a refusal is still answered with its status
+        events = stream_events(stream, call, answer, f"chatcmpl-{prefix}{stream.turn_id}")
+        return StreamingResponse(events, media_type="text/event-stream")
 
     async def responses(request: Request, key: str | None = None) -> dict | StreamingResponse:
         session = checked(request, key)
         body = parse_json(await request.body())
         call = parse_responses(body, set(roles), isinstance(session, Serving), session.responses)
-        turn = await session.chat(call)
         prefix = f"{session.key}:" if isinstance(session, Episode) else ""
-        done = response_object(turn, call, f"resp-{prefix}{turn.id}", session.responses, body)
-        return StreamingResponse(response_events(done), media_type="text/event-stream") if call.stream else done
+
+        def answer(turn: TurnNode) -> dict:
+            return response_object(turn, call, f"resp-{prefix}{turn.id}", session.responses, body)
+
+        if not call.stream:
+            return answer(await session.chat(call))
+        stream = TurnStream()
+        await stream.open(session.chat(call, progress=stream))
+        shell = response_shell(call, f"resp-{prefix}{stream.turn_id}", body)
+        return StreamingResponse(response_events(stream, call, shell, answer), media_type="text/event-stream")
 
     async def reward(request: Request, key: str) -> dict:
         session = checked(request, key)

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Callable
 
 from unimas.gateway.errors import GatewayError
-from unimas.gateway.tool_calls import assistant_calls, parse_tools, split_calls
+from unimas.gateway.streaming import TurnStream
+from unimas.gateway.tool_calls import CALL_OPEN, assistant_calls, parse_tools, split_calls
+from unimas.groups.streaming import shown_text
 from unimas.trajectory import TurnNode
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
@@ -60,7 +62,7 @@ class ChatCall:
     overrides: dict[str, Any] = field(default_factory=dict)
     """Generation fields the request sets: ``max_new_tokens`` always; sampling ones only where honoured."""
     stream: bool = False
-    """Answer as server-sent events (the whole turn in one chunk: it is generated as one batch item)."""
+    """Answer as server-sent events, the text as it is sampled (:mod:`unimas.gateway.streaming`)."""
     tools: list[dict[str, Any]] | None = None
     """Function definitions for the chat template; the answer's ``<tool_call>`` blocks become ``tool_calls``."""
     stop: list[str] | None = None
@@ -352,20 +354,57 @@ def completion(turn: TurnNode, completion_id: str, tools: bool = False, call: Ch
     }
 
 
-def stream_events(done: dict[str, Any]) -> Iterator[str]:
-    """A finished completion as ``chat.completion.chunk`` server-sent events: the text, the finish, ``[DONE]``."""
+def streamed_content(text: str, tools: bool) -> str:
+    """The content a streamed answer may show of ``text`` (the answer so far, its forced opening included).
+
+    Without tools, all of it. With tools, only what comes before a call block
+    (and not an end that may be the start of one, nor trailing whitespace,
+    which the content loses when a call follows): calls are sent once the
+    turn is recorded and its blocks parsed.
+    """
+    return shown_text(text, [CALL_OPEN]).rstrip() if tools else text
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+async def stream_events(stream: TurnStream, call: ChatCall, completion_of: Callable[[TurnNode], dict[str, Any]],
+                        completion_id: str) -> AsyncIterator[str]:
+    """The turn as ``chat.completion.chunk`` server-sent events, content deltas as it is sampled.
+
+    First the assistant role, then a content delta each time the shown text
+    grows, then (once the turn is recorded) the rest of the content, the tool
+    calls and the log-probs, then the finish reason with ``usage``, then
+    ``[DONE]``. The deltas add up to the recorded answer's content. A turn that
+    fails after the stream began ends it with an ``error`` event.
+    """
+    head = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": call.role}
+
+    def chunk(delta: dict[str, Any], logprobs: dict[str, Any] | None = None) -> str:
+        return sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": logprobs}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    shown = ""
+    async for text in stream.texts():
+        content = streamed_content(call.forced + text, bool(call.tools))
+        if len(content) > len(shown) and content.startswith(shown):
+            yield chunk({"content": content[len(shown):]})
+            shown = content
+    try:
+        done = completion_of(await stream.turn())
+    except GatewayError as exc:
+        yield sse(exc.body())
+        return
     choice = done["choices"][0]
-    head = {key: done[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
-    delta = dict(choice["message"])
-    if "tool_calls" in delta:  # streamed calls carry their position
-        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(delta["tool_calls"])]
-    chunks = [
-        {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": choice["logprobs"]}]},
-        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
-         "usage": done["usage"], "unimas": done["unimas"]},
-    ]
-    for chunk in chunks:
-        yield f"data: {json.dumps(chunk)}\n\n"
+    final = choice["message"]["content"] or ""
+    delta: dict[str, Any] = {"content": final[len(shown):]} if final.startswith(shown) and final != shown else {}
+    if "tool_calls" in choice["message"]:  # streamed calls carry their position
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(choice["message"]["tool_calls"])]
+    if delta or choice["logprobs"]:
+        yield chunk(delta, choice["logprobs"])
+    yield sse({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}],
+               "usage": done["usage"], "unimas": done["unimas"]})
     yield "data: [DONE]\n\n"
 
 

@@ -13,8 +13,8 @@ default model calls this API, trains like any chat client.
 conversation (its input messages and its answer), so a request that names an
 earlier response continues that conversation — the same messages a chat
 client would have sent, hence the same token-exact continuation of the
-role's ids. Streaming sends the finished turn as the usual event sequence
-(the turn is generated as one batch item, so the text comes in one delta).
+role's ids. Streaming sends the usual event sequence, the text deltas as the
+turn is sampled (:mod:`unimas.gateway.streaming`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 from unimas.gateway.errors import GatewayError
 from unimas.gateway.protocol import (
@@ -32,9 +32,11 @@ from unimas.gateway.protocol import (
     ignored_fields,
     parse_role,
     parse_stop,
+    streamed_content,
     token_logprobs,
     unimas_notes,
 )
+from unimas.gateway.streaming import TurnStream
 from unimas.gateway.tool_calls import assistant_calls, parse_tools
 from unimas.trajectory import TurnNode
 
@@ -208,38 +210,54 @@ def output_items(turn: TurnNode, call: ChatCall, response_id: str) -> list[dict[
     return items
 
 
+def response_shell(call: ChatCall, response_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The ``response`` fields that do not depend on the answer (a streamed response opens with them)."""
+    return {
+        "id": response_id, "object": "response", "created_at": int(time.time()), "model": call.role,
+        "status": "in_progress", "incomplete_details": None, "error": None,
+        "instructions": body.get("instructions") or None, "output": [], "output_text": "",
+        "parallel_tool_calls": True, "previous_response_id": body.get("previous_response_id"),
+        "tool_choice": "required" if call.tool_choice == "required" else
+        {"type": "function", "name": call.tool_choice} if call.tool_choice else "auto",
+        "tools": [{"type": "function", **tool["function"]} for tool in call.tools or []],
+        "temperature": None, "top_p": None, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "usage": None, "metadata": {},
+    }
+
+
 def response_object(turn: TurnNode, call: ChatCall, response_id: str, history: ResponseHistory,
                     body: dict[str, Any]) -> dict[str, Any]:
     """The ``response`` for a recorded turn of the request ``body``; its conversation (without the
     instructions) is kept for ``previous_response_id``."""
-    instructions = body.get("instructions") or None
     output = output_items(turn, call, response_id)
     content, calls, finish = answer_parts(turn, bool(call.tools))
     answer: dict[str, Any] = {"role": "assistant", "content": content or ""}
     if calls:
         answer["tool_calls"] = assistant_calls({"tool_calls": calls}, "output")
-    history.keep(response_id, [*call.messages[1 if instructions else 0:], answer])
+    history.keep(response_id, [*call.messages[1 if body.get("instructions") else 0:], answer])
     incomplete = finish == "length" and not calls
     return {
-        "id": response_id, "object": "response", "created_at": int(time.time()), "model": turn.role,
+        **response_shell(call, response_id, body),
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-        "error": None, "instructions": instructions, "output": output,
-        "output_text": content or "", "parallel_tool_calls": True,
-        "previous_response_id": body.get("previous_response_id"),
-        "tool_choice": "required" if call.tool_choice == "required" else
-        {"type": "function", "name": call.tool_choice} if call.tool_choice else "auto",
-        "tools": [{"type": "function", **tool["function"]} for tool in call.tools or []],
-        "temperature": None, "top_p": None, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "output": output, "output_text": content or "",
         "usage": {"input_tokens": len(turn.prompt_ids), "output_tokens": len(turn.response_ids),
                   "total_tokens": len(turn.prompt_ids) + len(turn.response_ids),
                   "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}},
-        "metadata": {}, "unimas": unimas_notes(turn, call.ignored),
+        "unimas": unimas_notes(turn, call.ignored),
     }
 
 
-def response_events(done: dict[str, Any]) -> Iterator[str]:
-    """A finished response as Responses server-sent events, from ``response.created`` to ``response.completed``."""
+async def response_events(stream: TurnStream, call: ChatCall, shell: dict[str, Any],
+                          response_of: Callable[[TurnNode], dict[str, Any]]) -> AsyncIterator[str]:
+    """The response as Responses server-sent events, from ``response.created`` to ``response.completed``.
+
+    The message item opens with the first content sampled and gets an
+    ``output_text.delta`` each time the shown text grows; once the turn is
+    recorded come the rest of the text, the function calls and the closing
+    events. The deltas add up to the recorded answer's text. A turn that
+    fails after the stream began ends it with an ``error`` event.
+    """
     sequence = 0
 
     def event(kind: str, **fields: Any) -> str:
@@ -247,23 +265,42 @@ def response_events(done: dict[str, Any]) -> Iterator[str]:
         sequence += 1
         return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': sequence - 1, **fields})}\n\n"
 
-    started = {**done, "status": "in_progress", "output": [], "output_text": ""}
-    yield event("response.created", response=started)
-    yield event("response.in_progress", response=started)
+    message = {"type": "message", "id": f"msg-{shell['id']}", "status": "in_progress", "role": "assistant",
+               "content": []}
+    text_at = {"item_id": message["id"], "output_index": 0, "content_index": 0}
+
+    def open_message() -> Iterator[str]:
+        yield event("response.output_item.added", output_index=0, item=message)
+        yield event("response.content_part.added", item_id=message["id"], output_index=0, content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": []})
+
+    yield event("response.created", response=shell)
+    yield event("response.in_progress", response=shell)
+    shown = ""
+    async for text in stream.texts():
+        content = streamed_content(call.forced + text, bool(call.tools))
+        if len(content) > len(shown) and content.startswith(shown):
+            if not shown:
+                for opening in open_message():
+                    yield opening
+            yield event("response.output_text.delta", **text_at, delta=content[len(shown):], logprobs=[])
+            shown = content
+    try:
+        done = response_of(await stream.turn())
+    except GatewayError as exc:
+        yield event("error", code=exc.code, message=exc.message, param=exc.param)
+        return
     for index, item in enumerate(done["output"]):
         if item["type"] == "message":
-            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
-                                                                                "content": []})
             part = item["content"][0]
-            empty = {"type": "output_text", "text": "", "annotations": []}
-            yield event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
-                        part=empty)
-            yield event("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0,
-                        delta=part["text"], logprobs=part.get("logprobs", []))
-            yield event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                        text=part["text"], logprobs=part.get("logprobs", []))
-            yield event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
-                        part=part)
+            if not shown:
+                for opening in open_message():
+                    yield opening
+            rest = part["text"][len(shown):] if part["text"].startswith(shown) else ""
+            if rest or not shown or part.get("logprobs"):
+                yield event("response.output_text.delta", **text_at, delta=rest, logprobs=part.get("logprobs", []))
+            yield event("response.output_text.done", **text_at, text=part["text"], logprobs=part.get("logprobs", []))
+            yield event("response.content_part.done", **text_at, part=part)
         else:
             yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
                                                                                 "arguments": ""})
@@ -273,4 +310,3 @@ def response_events(done: dict[str, Any]) -> Iterator[str]:
                         arguments=item["arguments"], name=item["name"])
         yield event("response.output_item.done", output_index=index, item=item)
     yield event("response.completed" if done["status"] == "completed" else "response.incomplete", response=done)
-

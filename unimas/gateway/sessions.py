@@ -12,10 +12,10 @@ import asyncio
 import concurrent.futures
 import re
 import secrets
-from typing import Any, Coroutine, Mapping
+from typing import Any, Callable, Coroutine, Mapping
 
 from unimas.config import RoleConfig
-from unimas.controller.context import EpisodeContext, PromptTooLong, UnsupportedControl
+from unimas.controller.context import EpisodeContext, PromptTooLong, RequestRefused, UnsupportedControl
 from unimas.controller.router import Router
 from unimas.credit import clip_reward, is_finite_number
 from unimas.gateway.protocol import ChatCall, GatewayError, answer_parts, format_error
@@ -66,6 +66,15 @@ def check_answer(turn: TurnNode, call: ChatCall) -> TurnNode:
     return turn
 
 
+Progress = Callable[[str, str], None]
+"""``(turn id, text so far)`` while a streamed turn is sampled (:class:`~unimas.gateway.streaming.TurnStream`)."""
+
+
+def refused_messages(exc: RequestRefused) -> GatewayError:
+    return GatewayError(400, f"the request's messages cannot be rendered: {exc}", param="messages",
+                        code="invalid_messages")
+
+
 def refused_control(exc: UnsupportedControl) -> GatewayError:
     field = "tool_choice" if exc.control == "response_prefix" else exc.control
     return GatewayError(400, f"'{field}' cannot be honoured: {exc}; leave '{field}' out for this role",
@@ -106,28 +115,32 @@ class Episode:
         finally:
             self._inflight.discard(future)
 
-    async def chat(self, call: ChatCall) -> TurnNode:
+    async def chat(self, call: ChatCall, progress: Progress | None = None) -> TurnNode:
         if not self.open:
             raise GatewayError(404, "this episode has finished; its base URL takes no more requests",
                                code="episode_finished")
         limit = self.roles[call.role].generation.max_new_tokens
         overrides = {"max_new_tokens": min(call.overrides.get("max_new_tokens", limit), limit)}
         try:
-            return check_answer(await self._on_episode_loop(self._turn(call, overrides)), call)
+            return check_answer(await self._on_episode_loop(self._turn(call, overrides, progress)), call)
         except UnsupportedControl as exc:
             raise refused_control(exc) from None
         except PromptTooLong as exc:
             self.fatal = self.fatal or exc
             raise GatewayError(400, str(exc), code="context_length_exceeded") from None
+        except RequestRefused as exc:  # the episode fails with the message; the run and the other episodes go on
+            self.fatal = self.fatal or exc
+            raise refused_messages(exc) from None
         except Exception as exc:  # noqa: BLE001 - reported to the agent, raised again by the episode's workflow
             self.fatal = self.fatal or exc
             raise GatewayError(500, f"the turn could not be generated: {type(exc).__name__}: {exc}",
                                code="generation_failed") from None
 
-    async def _turn(self, call: ChatCall, overrides: dict[str, Any]) -> TurnNode:
+    async def _turn(self, call: ChatCall, overrides: dict[str, Any], progress: Progress | None) -> TurnNode:
         """On the episode's loop, so the graph is read and extended by one thread only."""
         after = consumed_turns(self.context.trajectory, call.messages)
-        return await self.context.chat(call.role, call.messages, after=after, **turn_options(call), **overrides)
+        return await self.context.chat(call.role, call.messages, after=after, progress=progress,
+                                       **turn_options(call), **overrides)
 
     def post_reward(self, body: dict[str, Any]) -> dict[str, Any]:
         """Record ``{"turn": <turn or completion id>, "reward": <number>}`` for one of this episode's turns."""
@@ -157,18 +170,21 @@ class Serving:
         self.served = 0
         self.responses = ResponseHistory()
 
-    async def chat(self, call: ChatCall) -> TurnNode:
+    async def chat(self, call: ChatCall, progress: Progress | None = None) -> TurnNode:
         self.served += 1
         trajectory = GraphTrajectory(episode_id=f"serve-{self.served}", task_id="serve")
         context = EpisodeContext(trajectory, self.roles, self.router, tools={})
         limit = self.roles[call.role].generation.max_new_tokens  # a request may lower it, never raise it
         overrides = {**call.overrides, "max_new_tokens": min(call.overrides.get("max_new_tokens", limit), limit)}
         try:
-            return check_answer(await context.chat(call.role, call.messages, **turn_options(call), **overrides), call)
+            return check_answer(await context.chat(call.role, call.messages, progress=progress, **turn_options(call),
+                                                   **overrides), call)
         except UnsupportedControl as exc:
             raise refused_control(exc) from None
         except PromptTooLong as exc:
             raise GatewayError(400, str(exc), code="context_length_exceeded") from None
+        except RequestRefused as exc:
+            raise refused_messages(exc) from None
         except Exception as exc:  # noqa: BLE001 - one failed request never stops the server
             raise GatewayError(500, f"the turn could not be generated: {type(exc).__name__}: {exc}",
                                code="generation_failed") from None

@@ -26,6 +26,7 @@ from typing import Any
 
 from unimas.gateway.errors import GatewayError
 
+CALL_OPEN = "<tool_call>"
 CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MAX_TOOLS = 64
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict
 
@@ -66,6 +66,15 @@ class GenRequest:
     prompt ids — context the answer is sampled after, never trained as sampled."""
     token_texts: bool = False
     """Also return each response token's text (the gateway's ``logprobs``)."""
+    progress: Optional[Callable[[str], None]] = None
+    """Called with the answer's text so far while it is sampled (a streamed gateway request): first with ``""``
+    once the prompt is rendered, then whenever the shown text grows. Only text that can no longer change is
+    shown: complete characters, never a possible start of a stop string, and nothing from a stop string on.
+    A backend that cannot stream never calls it. It lives in this process only: dropped when the request is
+    pickled or copied (a Ray actor answers in one piece)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "progress": None}
 
 
 @dataclass
@@ -101,6 +110,10 @@ class GenResult:
     weight_version: Optional[int] = None
     """How many updates the group had made when it sampled this (its weight version); None: the backend does
     not count. The trainer bounds and reports staleness with it (``algorithm.max_staleness``)."""
+    error: Optional[str] = None
+    """Why this request could not be served although its group is fine (its messages made the chat template
+    or the tokenizer fail): nothing was sampled, and the other requests of the batch went on. The caller
+    fails this request's turn with the message (:class:`~unimas.controller.context.RequestRefused`)."""
 
 
 @dataclass

@@ -47,6 +47,21 @@ class RenderedPrompt:
     """Why a continuation that was offered was not used (empty when ``continued`` or none was offered)."""
     forced_ids: list[int] = field(default_factory=list)
     """Ids of a forced answer opening appended to ``ids`` (the request's ``response_prefix``)."""
+    error: str = ""
+    """Why this request's prompt could not be rendered or tokenised (empty: it was); ``ids`` are then empty."""
+
+
+def failed_prompt(group: str, exc: Exception) -> RenderedPrompt:
+    """The prompt of a request whose messages made the chat template or the tokenizer fail.
+
+    Such a failure belongs to that request (e.g. a template's ``raise_exception`` on roles that do not
+    alternate), not to its group or to the other requests of its batch: they go on, and this one is
+    answered with the message.
+    """
+    detail = (str(exc).strip().splitlines() or [""])[0][:500]
+    return RenderedPrompt([], "", continued=False,
+                          error=f"model group '{group}' cannot turn this request's messages into prompt ids (its chat "
+                                f"template or tokenizer failed): {type(exc).__name__}: {detail}")
 
 
 class PlainPromptIds:

@@ -233,26 +233,43 @@ class TorchModelGroup(ModelGroup):
 
         A prompt too long for the context is cut from the left (``truncated``)
         or, when its request does not allow that, left uncut for the caller to refuse.
+        A request whose messages make the chat template or the tokenizer fail
+        gets a prompt with ``error`` set; the others are rendered as usual.
         """
         templated = chat.has_chat_template(self.tokenizer)
         uses_chat = [bool(r.messages) and r.use_chat_template and templated for r in requests]
         plain = [i for i, r in enumerate(requests) if r.continuation is None and not uses_chat[i]]
         prompts: list[Optional[chat.RenderedPrompt]] = [None] * len(requests)
         if plain:
-            for i, ids in zip(plain, self.plain_prompt_ids([requests[i].prompt for i in plain])):
-                prompts[i] = chat.RenderedPrompt(ids, "", continued=False)
+            try:
+                encoded = self.plain_prompt_ids([requests[i].prompt for i in plain])
+            except Exception:  # noqa: BLE001 - one odd text: tokenise them one by one below, to find it
+                encoded = None
+            for i, ids in zip(plain, encoded or [None] * len(plain)):
+                if ids is not None:
+                    prompts[i] = chat.RenderedPrompt(ids, "", continued=False)
         for i, request in enumerate(requests):
-            if prompts[i] is None:
-                messages, continuation = request.messages or [], request.continuation
-                prompts[i] = (chat.render_chat(self.tokenizer, messages, continuation, tools=request.tools)
-                              if uses_chat[i] else chat.render_plain(self.tokenizer, messages, continuation))
-        for prompt, request in zip(prompts, requests):
-            if request.response_prefix:  # forced answer opening: prompt-side context, never trained as sampled
-                prompt.forced_ids = self.tokenizer(request.response_prefix, add_special_tokens=False)["input_ids"]
-                prompt.ids = prompt.ids + prompt.forced_ids
-                prompt.text = (prompt.text or request.prompt) + request.response_prefix
+            try:
+                if prompts[i] is None:
+                    messages, continuation = request.messages or [], request.continuation
+                    if request.continuation is None and not uses_chat[i]:  # plain: its batch call failed
+                        prompts[i] = chat.RenderedPrompt(self.plain_prompt_ids([request.prompt])[0], "",
+                                                         continued=False)
+                    elif uses_chat[i]:
+                        prompts[i] = chat.render_chat(self.tokenizer, messages, continuation, tools=request.tools)
+                    else:
+                        prompts[i] = chat.render_plain(self.tokenizer, messages, continuation)
+                prompt = prompts[i]
+                if request.response_prefix:  # forced answer opening: prompt-side context, never trained as sampled
+                    prompt.forced_ids = self.tokenizer(request.response_prefix, add_special_tokens=False)["input_ids"]
+                    prompt.ids = prompt.ids + prompt.forced_ids
+                    prompt.text = (prompt.text or request.prompt) + request.response_prefix
+            except Exception as exc:  # noqa: BLE001 - this request's messages are at fault, not the group
+                prompts[i] = chat.failed_prompt(self.name, exc)
         limit = None if self.max_positions is None else self.max_positions - reserve
         for prompt, request in zip(prompts, requests):
+            if prompt.error:
+                continue
             prompt.truncated = limit is not None and len(prompt.ids) > limit
             prompt.ids = self._fit_prompt(prompt.text or request.prompt, prompt.ids, reserve,
                                           cut=request.allow_truncation)
@@ -311,19 +328,23 @@ class TorchModelGroup(ModelGroup):
 
     def _generate_batch(self, model: torch.nn.Module, requests: list[GenRequest], gen: GenerationConfig,
                         greedy: bool, adapter: Optional[str]) -> list[GenResult]:
-        """Sample the requests whose prompts fit; a prompt too long and not allowed to be cut gets no response."""
+        """Sample the requests whose prompts fit; a prompt too long and not allowed to be cut gets no response,
+        nor does one that could not be rendered (its result carries the ``error``)."""
         prompts = self.render_prompts(requests, gen.max_new_tokens)
-        fits = [r.allow_truncation or not p.truncated for p, r in zip(prompts, requests)]
-        run = [i for i, ok in enumerate(fits) if ok]
-        results = [None if ok else GenResult(text="", prompt_ids=p.ids, response_ids=[], logprobs=[], finished=False,
-                                             prompt_text=p.text, truncated=True) for p, ok in zip(prompts, fits)]
+        results: list[Optional[GenResult]] = [None] * len(requests)
+        for i, prompt in enumerate(prompts):
+            if prompt.error or (prompt.truncated and not requests[i].allow_truncation):
+                results[i] = GenResult(text="", prompt_ids=prompt.ids, response_ids=[], logprobs=[], finished=False,
+                                       prompt_text=prompt.text, truncated=prompt.truncated, error=prompt.error or None)
+        run = [i for i, result in enumerate(results) if result is None]
         if run:
             batch = layout_batch([prompts[i].ids for i in run], [[]] * len(run), self.pad_id, self.device)
             stops = sampling.StopStrings(self.tokenizer, [requests[i].stop for i in run])
+            listeners = sampling.listeners(self.tokenizer, [requests[i] for i in run])
             with self.route(model, adapter):
                 token_rows, logprob_rows = sampling.sample_tokens(
                     model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                    logit_bias=self.logit_bias, generator=self.generator, stops=stops)
+                    logit_bias=self.logit_bias, generator=self.generator, stops=stops, listeners=listeners)
             sampled = sampling.to_results(self.tokenizer, [prompts[i].ids for i in run], token_rows, logprob_rows,
                                           self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy), stops=stops)
             for i, result in zip(run, sampled):
@@ -334,7 +355,7 @@ class TorchModelGroup(ModelGroup):
                 if request.token_texts:
                     result.token_texts = [self.tokenizer.decode([t]) for t in result.response_ids]
                 results[i] = result
-        return results
+        return results  # type: ignore[return-value]
 
     # -------------------------------------------------------------- training
 

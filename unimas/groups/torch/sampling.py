@@ -13,13 +13,14 @@ tokens as an uninterrupted one.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from unimas.config import GenerationConfig
-from unimas.groups.base import GenResult
+from unimas.groups.base import GenRequest, GenResult
+from unimas.groups.streaming import TextProgress
 from unimas.groups.torch.layout import PaddedBatch
 
 
@@ -91,6 +92,15 @@ class StopStrings:
         return text[:at], stop
 
 
+def listeners(tokenizer: PreTrainedTokenizerBase, requests: Sequence[GenRequest]) -> dict[int, TextProgress]:
+    """Row -> its text reporter, for the rows of a batch whose request streams (``GenRequest.progress``)."""
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    return {row: TextProgress(decode, request.stop, request.progress)
+            for row, request in enumerate(requests) if request.progress is not None}
+
+
 def sample_tokens(
     model: torch.nn.Module,
     batch: PaddedBatch,
@@ -102,6 +112,7 @@ def sample_tokens(
     logit_bias: torch.Tensor,
     generator: torch.Generator,
     stops: Optional[StopStrings] = None,
+    listeners: Optional[Mapping[int, TextProgress]] = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Decode up to ``gen.max_new_tokens`` for a prompt-only batch; (token rows, log-prob rows).
 
@@ -109,6 +120,7 @@ def sample_tokens(
     (cheaper than shrinking the cache); :func:`to_results` cuts them off.
     ``stops``: rows end early when their text completes a stop string (they
     then pad as after EOS; :func:`to_results` cuts at the completing token).
+    ``listeners``: rows that stream get each token they sample as it is picked (rows without one cost nothing).
     The caller routes ``model`` to the right adapter and disables autograd.
     """
     device = batch.input_ids.device
@@ -116,11 +128,18 @@ def sample_tokens(
     mask, position = batch.attention_mask, batch.position_ids[:, -1:]
     done = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool, device=device)
     tokens, logprobs = [], []
+    for listener in (listeners or {}).values():
+        listener.start()
     out = model(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
                 use_cache=True, logits_to_keep=1)
     for step in range(gen.max_new_tokens):
         token, logprob = pick_tokens(out.logits[:, -1].float() + logit_bias, gen, greedy, generator)
         token = token.masked_fill(done, pad_id)
+        if listeners:
+            picked, ended = token.tolist(), done.tolist()
+            for row, listener in listeners.items():
+                if not ended[row]:
+                    listener.add(picked[row])
         tokens.append(token)
         logprobs.append(logprob)
         done = done | torch.isin(token, eos)

@@ -254,10 +254,11 @@ class VerlModelGroup(ModelGroup):
                 rendered = [prompts.render(self.tokenizer, requests[i], self.name, self.max_positions, fallback)
                             for i in members]
                 run = [k for k, (p, i) in enumerate(zip(rendered, members))
-                       if requests[i].allow_truncation or not p.truncated]
-                for k, i in enumerate(members):
+                       if not p.error and (requests[i].allow_truncation or not p.truncated)]
+                for k, i in enumerate(members):  # placeholders: refused (too long, or not renderable) unless run
                     results[i] = GenResult(text="", prompt_ids=rendered[k].ids, response_ids=[], logprobs=[],
-                                           finished=False, prompt_text=rendered[k].text, truncated=True,
+                                           finished=False, prompt_text=rendered[k].text,
+                                           truncated=rendered[k].truncated, error=rendered[k].error or None,
                                            weight_version=self.rollout.weight_version)
                 if not run:
                     continue

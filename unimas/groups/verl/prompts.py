@@ -23,14 +23,21 @@ log = logging.getLogger(__name__)
 
 def render(tokenizer: PreTrainedTokenizerBase, request: GenRequest, group: str, max_positions: Optional[int],
            fallback_id: int) -> chat.RenderedPrompt:
-    """The request's prompt ids; ``truncated`` set when they do not fit with the new tokens."""
+    """The request's prompt ids; ``truncated`` set when they do not fit with the new tokens.
+
+    Messages that make the chat template or the tokenizer fail give a prompt with ``error`` set (that
+    request's failure, not the batch's: see :func:`unimas.groups.torch.chat.failed_prompt`).
+    """
     templated = bool(request.messages) and request.use_chat_template and chat.has_chat_template(tokenizer)
-    if request.continuation is None and not templated:
-        prompt = chat.RenderedPrompt(tokenizer(request.prompt, add_special_tokens=True)["input_ids"], "",
-                                     continued=False)
-    else:
-        renderer = chat.render_chat if templated else chat.render_plain
-        prompt = renderer(tokenizer, request.messages or [], request.continuation)
+    try:
+        if request.continuation is None and not templated:
+            prompt = chat.RenderedPrompt(tokenizer(request.prompt, add_special_tokens=True)["input_ids"], "",
+                                         continued=False)
+        else:
+            renderer = chat.render_chat if templated else chat.render_plain
+            prompt = renderer(tokenizer, request.messages or [], request.continuation)
+    except Exception as exc:  # noqa: BLE001 - this request's messages are at fault, not the group
+        return chat.failed_prompt(group, exc)
     try:
         check_known(tokenizer, prompt.text or request.prompt, prompt.ids)
     except ValueError as exc:
