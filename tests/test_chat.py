@@ -227,3 +227,17 @@ def test_streamed_text_is_complete_characters_and_never_a_possible_stop():
     for token in range(5):
         progress.add(token)
     assert reported == ["", "é", "é ", "é ENX"]
+
+
+def test_a_verl_groups_prompt_that_the_template_cannot_render_is_that_requests_error(chat_model, tmp_path):
+    from unimas.config import GenerationConfig
+    from unimas.groups.base import GenRequest
+    from unimas.groups.verl.prompts import render
+
+    tokenizer = AutoTokenizer.from_pretrained(strict_model(chat_model, tmp_path))
+    generation = GenerationConfig(max_new_tokens=2)
+    bad = GenRequest(prompt="", generation=generation, messages=[{"role": "user", "content": "a"}] * 2)
+    refused = render(tokenizer, bad, "g", 128, 0)
+    assert refused.ids == [] and "model group 'g'" in refused.error and "roles must alternate" in refused.error
+    good = render(tokenizer, GenRequest(prompt="", generation=generation, messages=bad.messages[:1]), "g", 128, 0)
+    assert good.error == "" and good.ids

@@ -99,3 +99,14 @@ def test_group_failure_reaches_every_waiting_episode_with_the_group_name():
     results = asyncio.run(main())
     assert all(isinstance(r, ModelGroupError) and r.group == "b" and r.phase == "generate" for r in results)
     assert "actor died" in str(results[0])
+
+
+def test_a_progress_callback_stays_in_its_process():
+    """A streamed request's callback (a closure over the server's loop) is dropped when the request is pickled
+    for a Ray actor, which then answers in one piece; the rest of the request travels unchanged."""
+    import pickle
+
+    request = GenRequest(prompt="p", generation=GenerationConfig(), stop=["x"], progress=lambda text: None)
+    travelled = pickle.loads(pickle.dumps(request))
+    assert travelled.progress is None and request.progress is not None
+    assert (travelled.prompt, travelled.stop, travelled.generation) == ("p", ["x"], request.generation)

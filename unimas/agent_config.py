@@ -25,8 +25,9 @@ class AgentConfig(BaseModel):
     function: Optional[str] = Field(None, description="`pkg.module:run`, an `async def run(task, base_url) -> dict` "
                                     "called per episode in the trainer's process")
     timeout_s: float = Field(300.0, gt=0, description="an agent running longer is stopped and its episode fails")
-    host: str = Field("127.0.0.1", description="gateway address; anything but loopback requires the per-run "
-                      "token (given to the agent as OPENAI_API_KEY)")
+    host: str = Field("127.0.0.1", description="gateway address; wherever it listens, a `command` agent's "
+                      "requests need its episode's own token (given to it as OPENAI_API_KEY); a `function` agent "
+                      "needs a loopback address")
     port: int = Field(0, ge=0, le=65535, description="gateway port; 0 = a free port")
     _config_dir: Optional[str] = PrivateAttr(None)
     """The directory of the config file (set when loaded from one): `function` modules are also looked up there."""

@@ -1,5 +1,9 @@
-"""An AutoGen AssistantAgent with one tool. `pip install autogen-agentchat "autogen-ext[openai]"` (not tested by
-unimas's suite). A model name OpenAI does not know needs `model_info`.
+"""An AutoGen AssistantAgent with one tool. `pip install autogen-agentchat "autogen-ext[openai]"` in an environment
+of its own (autogen-core pins protobuf 5.29, older than Ray's Google libraries accept): run it as the `command` with
+that environment's python. Tested by tests/test_gateway_frameworks.py::test_an_autogen_assistant_agent_trains_two_steps
+when $UNIMAS_AUTOGEN_PYTHON names that python. A model name OpenAI does not know needs `model_info`; with
+`reflect_on_tool_use` the reflection on the tool result is sent without tools, so that turn is rendered afresh
+(`rerendered` says why).
 """
 
 import asyncio

@@ -1,4 +1,5 @@
-"""A LangGraph ReAct agent with one tool. `pip install langgraph langchain-openai` (not tested by unimas's suite).
+"""A LangGraph ReAct agent with one tool. `pip install langgraph langchain-openai` (or `unimas[frameworks]`);
+tested by tests/test_gateway_frameworks.py::test_a_langgraph_react_agent_trains_two_steps.
 
 ChatOpenAI reads OPENAI_BASE_URL / OPENAI_API_KEY; `model` names the role.
 """

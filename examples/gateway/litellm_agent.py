@@ -1,4 +1,5 @@
-"""litellm's `completion` against the gateway. `pip install litellm` (not tested by unimas's suite).
+"""litellm's `completion` against the gateway. `pip install litellm` (or `unimas[frameworks]`); tested by
+tests/test_gateway_frameworks.py::test_litellm_completion_trains_two_steps.
 
 The `openai/` prefix makes litellm speak the OpenAI protocol to `api_base`; the rest of the name is the role.
 """

@@ -242,25 +242,15 @@ class TorchModelGroup(ModelGroup):
         prompts: list[Optional[chat.RenderedPrompt]] = [None] * len(requests)
         if plain:
             try:
-                encoded = self.plain_prompt_ids([requests[i].prompt for i in plain])
-            except Exception:  # noqa: BLE001 - one odd text: tokenise them one by one below, to find it
-                encoded = None
-            for i, ids in zip(plain, encoded or [None] * len(plain)):
-                if ids is not None:
+                for i, ids in zip(plain, self.plain_prompt_ids([requests[i].prompt for i in plain])):
                     prompts[i] = chat.RenderedPrompt(ids, "", continued=False)
+            except Exception:  # noqa: BLE001 - an odd text in the batch: the loop below tokenises them one by one
+                pass
         for i, request in enumerate(requests):
             try:
-                if prompts[i] is None:
-                    messages, continuation = request.messages or [], request.continuation
-                    if request.continuation is None and not uses_chat[i]:  # plain: its batch call failed
-                        prompts[i] = chat.RenderedPrompt(self.plain_prompt_ids([request.prompt])[0], "",
-                                                         continued=False)
-                    elif uses_chat[i]:
-                        prompts[i] = chat.render_chat(self.tokenizer, messages, continuation, tools=request.tools)
-                    else:
-                        prompts[i] = chat.render_plain(self.tokenizer, messages, continuation)
-                prompt = prompts[i]
+                prompts[i] = prompts[i] or self._render_one(request, uses_chat[i])
                 if request.response_prefix:  # forced answer opening: prompt-side context, never trained as sampled
+                    prompt = prompts[i]
                     prompt.forced_ids = self.tokenizer(request.response_prefix, add_special_tokens=False)["input_ids"]
                     prompt.ids = prompt.ids + prompt.forced_ids
                     prompt.text = (prompt.text or request.prompt) + request.response_prefix
@@ -274,6 +264,14 @@ class TorchModelGroup(ModelGroup):
             prompt.ids = self._fit_prompt(prompt.text or request.prompt, prompt.ids, reserve,
                                           cut=request.allow_truncation)
         return prompts  # type: ignore[return-value]
+
+    def _render_one(self, request: GenRequest, uses_chat: bool) -> chat.RenderedPrompt:
+        """One request's prompt: its plain text, its messages through the chat template, or joined."""
+        if request.continuation is None and not uses_chat:
+            return chat.RenderedPrompt(self.plain_prompt_ids([request.prompt])[0], "", continued=False)
+        if uses_chat:
+            return chat.render_chat(self.tokenizer, request.messages or [], request.continuation, tools=request.tools)
+        return chat.render_plain(self.tokenizer, request.messages or [], request.continuation)
 
     def _fit_prompt(self, text: str, ids: list[int], reserve: int, cut: bool = True) -> list[int]:
         """Check the characters and cut the prompt from the left so that ``reserve`` more tokens fit."""
