@@ -94,8 +94,9 @@ def python_with(module: str, override: str) -> str:
     python = os.environ.get(override) or sys.executable
     found = subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
     if not found:
-        pytest.skip(f"{module} is not installed (pip install 'unimas[frameworks]', or set ${override} to a Python "
-                    "that has it)")
+        pytest.skip(f"{module} is not installed here (LangGraph and litellm: pip install 'unimas[frameworks]'; "
+                    f"AutoGen needs its own environment, see docs/gateway.md) and ${override} names no Python "
+                    "that has it")
     return python
 
 
