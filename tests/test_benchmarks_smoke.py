@@ -123,3 +123,15 @@ def test_startup_smoke():
         "unimas validate examples/quickstart.yaml"]
     assert all(number(row[1]) > 0 and number(row[2]) > 0 for row in rows)  # seconds, modules imported
     assert [row[3] for row in rows[:4]] == ["—"] * 4  # nothing heavy before a config needs a model
+
+
+def test_credit_smoke_critic_rows():
+    out = run_benchmark("credit.py", "--methods", "grpo", "ppo_gae", "centralized_critic")
+    rows = {(row[0], row[1]): row for row in table_rows(out.split("s in all.")[1], "task")}
+    # arith's warm-start vocabulary (digits, "+", "=", ">") cannot spell "solver: ": that row is skipped, said so
+    assert set(rows) == {(task, method) for task in ("signalling", "arith", "math_team")
+                         for method in ("grpo", "ppo_gae", "centralized_critic")} - {("arith", "centralized_critic")}
+    assert "# arith centralized_critic: skipped" in out
+    for (task, method), row in rows.items():
+        assert number(row[7]) >= 64  # the same sampled-token budget as every other row
+        assert (row[11] == "—") == (method == "grpo")  # a critic trained (and logged its fit) in every critic row
