@@ -212,11 +212,11 @@ def save_tiny_model(directory: Path, alphabet: str, hidden: int = 64, layers: in
 def build_unimas(tree: dict, run_root: Path, phases: Phases, record: bool = False):
     """(trainer, timing transport) for a config dict; plugin modules in ``tree['plugins']`` must be importable."""
     ensure_importable()
-    from unimas.config_file import config_from_dict
-    from unimas.experiment import Experiment
-    from unimas.groups.transport import start_transport
-    from unimas.rundir import RunDir
-    from unimas.trainer import Trainer
+    from unimas.config.loading import config_from_dict
+    from unimas.output.rundir import RunDir
+    from unimas.runtime.transport import start_transport
+    from unimas.training.experiment import Experiment
+    from unimas.training.trainer import Trainer
 
     config = config_from_dict(tree, "<benchmark>")
     experiment = Experiment.resolve(config)

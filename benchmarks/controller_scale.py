@@ -36,9 +36,10 @@ import time
 import tracemalloc
 from dataclasses import dataclass
 
-from unimas.config import GenerationConfig, RoleConfig
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.config.schema import GenerationConfig, RoleConfig
+from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
+from unimas.controller.specs import EpisodeSpec
 from unimas.groups.base import GenRequest, GenResult
 
 GROUPS = ("a", "b")
@@ -160,8 +161,8 @@ def memory_per_episode(episodes: int) -> tuple[float, float]:
 def ray_transport():
     import ray
 
-    from unimas.config import RuntimeConfig
-    from unimas.groups.ray_actors import RayTransport, connect
+    from unimas.config.schema import RuntimeConfig
+    from unimas.runtime.ray_actors import RayTransport, connect
 
     started = connect(RuntimeConfig(kind="ray"), cpus_needed=len(GROUPS))
     actor = ray.remote(num_cpus=1, max_concurrency=1)(CannedGroup)

@@ -79,7 +79,7 @@ CRITIC_FIT_STEPS = 5
 """The critic fit is the mean of the last this-many explained variances logged (one per critic and update)."""
 CENTRAL_GROUP = "central_critic"
 CONTEXT_CHARACTERS = ": \n"
-"""What a centralized critic's context line adds to the role names (unimas.central_critic.CONTEXT_LINE)."""
+"""What a centralized critic's context line adds to the role names (unimas.training.central_critic.CONTEXT_LINE)."""
 
 
 def flow(value) -> str:
@@ -210,13 +210,13 @@ async def train_to_budget(trainer, task: Task, budget: int, eval_every: int, run
 
 
 def run_one(task_name: str, method: str, seed: int, budget: int, eval_every: int, extra: list[str]) -> Result:
-    from unimas.config_file import load_config
-    from unimas.experiment import Experiment
-    from unimas.groups.transport import start_transport
+    from unimas.config.loading import load_config
+    from unimas.training.experiment import Experiment
+    from unimas.runtime.transport import start_transport
     from unimas.process import torch_setup
-    from unimas.rundir import RunDir
-    from unimas.tiny_chat import chat_model_dir
-    from unimas.trainer import Trainer
+    from unimas.output.rundir import RunDir
+    from unimas.testing.tiny_chat import chat_model_dir
+    from unimas.training.trainer import Trainer
 
     task = TASKS[task_name]
     if task.chat_model:

@@ -266,7 +266,7 @@ class Scheme:
         for group in self.transport.groups.values():
             instrument_group(group, self.phases)
         self.floor = Floor(self.transport.groups, args.kl)
-        from unimas.metrics import MetricsWriter
+        from unimas.output.metrics import MetricsWriter
 
         self.writer = MetricsWriter(self.trainer.run_dir.metrics)
         self.step_index = 0

@@ -140,7 +140,7 @@ def worker(args: argparse.Namespace, scheme: str) -> dict:
     import transformers  # noqa: F401
 
     setup_torch(args.threads)
-    from unimas.trainer import Trainer  # noqa: F401
+    from unimas.training.trainer import Trainer  # noqa: F401
 
     warm_verl()
     rss_imports = rss_mb()

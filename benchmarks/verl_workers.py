@@ -27,10 +27,10 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from unimas.config_file import config_from_dict  # noqa: E402
+from unimas.config.loading import config_from_dict  # noqa: E402
 from unimas.groups.base import TrainTurn  # noqa: E402
-from unimas.groups.local import LocalTransport  # noqa: E402
-from unimas.registry import build_registry  # noqa: E402
+from unimas.runtime.local import LocalTransport  # noqa: E402
+from unimas.contract.registry import build_registry  # noqa: E402
 
 GROUPS = ("alpha", "beta")
 

@@ -148,8 +148,8 @@ def worker_unimas(a: argparse.Namespace) -> dict:
     setup_torch(a.threads, a.seed)
     rss_common = rss_mb()
     ensure_importable()
-    from unimas.metrics import MetricsWriter
-    from unimas.trainer import Trainer  # noqa: F401
+    from unimas.output.metrics import MetricsWriter
+    from unimas.training.trainer import Trainer  # noqa: F401
 
     warm_verl()
     rss_imports = rss_mb()

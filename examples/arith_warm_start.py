@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from unimas_workflows.arithmetic import arithmetic_tasks
 
-from unimas.config import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig
+from unimas.config.schema import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig
 from unimas.groups.base import GenRequest, GroupSpec
 from unimas.groups.torch import SupervisedExample, TorchModelGroup, TorchOptions
 from unimas.groups.torch.checkpoint import keep_weights_only

@@ -1,6 +1,6 @@
 """Supervised warm start of the built test chat model for examples/math_team_learning.yaml.
 
-The built test chat model (``python -m unimas.tiny_chat``) knows no arithmetic,
+The built test chat model (``python -m unimas.testing.tiny_chat``) knows no arithmetic,
 so RL from it has nothing to reinforce. This script trains it briefly on
 ``math_synthetic`` problems, with every prompt rendered exactly as the math
 team's roles render it (the chat template around the role's template, no
@@ -16,7 +16,7 @@ It stops as soon as greedy solver accuracy on held-out problems reaches
 ``--target`` (default 0.35), so RL starts from a weak but non-trivial team,
 and writes a unimas checkpoint usable as ``init_from``::
 
-    python -m unimas.tiny_chat examples/models/tiny-chat
+    python -m unimas.testing.tiny_chat examples/models/tiny-chat
     python examples/math_team_warm_start.py --out RUN/math-warm
     unimas train examples/math_team_learning.yaml --run-dir RUN/rl \\
         --set 'models.team.options={init_from: RUN/math-warm}'
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from unimas_workflows.math_team import math_synthetic
 
-from unimas.config import (
+from unimas.config.schema import (
     AlgorithmConfig,
     GenerationConfig,
     ModelGroupConfig,
@@ -106,7 +106,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     if not (args.model / "config.json").exists():
-        from unimas.tiny_chat import build_chat_model
+        from unimas.testing.tiny_chat import build_chat_model
         build_chat_model(args.model)
     rng = random.Random(args.seed)
     config = ModelGroupConfig(options={"path": str(args.model)}, optim=OptimConfig(lr=args.lr))

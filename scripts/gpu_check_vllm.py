@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from gpu_check_verl import build_model_dir, emit, fixed_turns, max_abs  # noqa: E402
 
-from unimas import algorithms  # noqa: E402
-from unimas.config import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig  # noqa: E402
+from unimas.algorithms import functions as algorithms  # noqa: E402
+from unimas.config.schema import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig  # noqa: E402
 from unimas.groups.base import GenRequest, GroupSpec  # noqa: E402
 from unimas.groups.verl.group import VerlModelGroup  # noqa: E402
 from unimas.groups.verl.options import VerlOptions  # noqa: E402
-from unimas.registry import build_registry  # noqa: E402
+from unimas.contract.registry import build_registry  # noqa: E402
 
 GREEDY = GenerationConfig(max_new_tokens=8, temperature=1.0, require_eos=False)
 

@@ -36,7 +36,7 @@ def real_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def chat_model(tmp_path_factory) -> Path:
     """A tiny Qwen2-style chat model dir (byte-level BPE, ChatML template), built once per session."""
-    from unimas.tiny_chat import chat_model_dir
+    from unimas.testing.tiny_chat import chat_model_dir
 
     return chat_model_dir(tmp_path_factory.getbasetemp() / "models")
 

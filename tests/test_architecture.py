@@ -14,11 +14,21 @@ PACKAGE = Path(unimas.__file__).resolve().parent
 MAX_LINES = 500
 """A guard against runaway growth, not a layout rule: modules split by what they own, never to get under a count."""
 
-SPOKES_MUST_NOT_IMPORT = ("unimas.controller", "unimas.credit", "unimas.trainer", "unimas.metrics",
-                          "unimas.experiment", "unimas.validate", "unimas.api", "unimas.commands", "unimas.cli")
-"""The spokes (model groups, transports) know nothing of the hub or the loop above them."""
-WORKFLOW_MUST_NOT_IMPORT = ("unimas.controller", "unimas.groups", "unimas.trainer", "unimas.credit")
-"""Declarative graphs are data plus an evaluator: they drive a context, they do not import it."""
+ARCHITECTURE_DOC = PACKAGE.parent / "docs" / "architecture.md"
+"""Holds the table of allowed import edges (between ``<!-- import-edges -->`` markers): one place, shown to readers."""
+NONE = "nothing in unimas"
+
+
+def allowed_edges() -> dict[str, set[str]]:
+    """Layer -> the layers it may import, read from docs/architecture.md's table (layer: first column, edges: last)."""
+    text = ARCHITECTURE_DOC.read_text()
+    table = text.split("<!-- import-edges -->")[1].split("<!-- /import-edges -->")[0]
+    rows = [line.strip().strip("|").split("|") for line in table.splitlines() if line.startswith("| `")]
+    edges = {}
+    for cells in rows:
+        may = cells[-1].strip()
+        edges[cells[0].strip().strip("`")] = set() if may == NONE else {n.strip().strip("`") for n in may.split(",")}
+    return edges
 
 
 def module_name(path: Path) -> str:
@@ -33,10 +43,11 @@ def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def imports_of(path: Path) -> set[str]:
-    """unimas modules imported anywhere in ``path`` (function-local too), except ``if TYPE_CHECKING`` blocks."""
+def imports_of(path: Path, type_only: bool = False) -> set[str]:
+    """unimas modules imported anywhere in ``path`` (function-local too); ``if TYPE_CHECKING`` blocks with ``type_only``."""
     tree = ast.parse(path.read_text())
-    skip = {id(n) for block in ast.walk(tree) if _type_checking_only(block) for n in ast.walk(block)}
+    skip = set() if type_only else {id(n) for block in ast.walk(tree) if _type_checking_only(block)
+                                    for n in ast.walk(block)}
     found = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -50,13 +61,27 @@ def imports_of(path: Path) -> set[str]:
     return {name for name in found if name in MODULES and name != "unimas"}
 
 
-def import_graph() -> nx.DiGraph:
+def import_graph(type_only: bool = False) -> nx.DiGraph:
     graph = nx.DiGraph()
     for name, path in MODULES.items():
         if name == "unimas":  # the facade re-exports the public surface; nothing inside imports it
             continue
         graph.add_node(name)
-        graph.add_edges_from((name, target) for target in imports_of(path))
+        graph.add_edges_from((name, target) for target in imports_of(path, type_only))
+    return graph
+
+
+def layer(module: str) -> str:
+    """``unimas.training.trainer`` -> ``training``; a top-level module is its own layer (``errors``, ``api``)."""
+    return module.split(".")[1]
+
+
+def layer_graph() -> nx.DiGraph:
+    """Modules collapsed to layers, type-only imports included: an annotation is a dependency too."""
+    graph = nx.DiGraph()
+    for source, target in import_graph(type_only=True).edges:
+        if layer(source) != layer(target):
+            graph.add_edge(layer(source), layer(target))
     return graph
 
 
@@ -65,32 +90,53 @@ def test_modules_import_without_cycles():
     assert cycles == [], f"import cycles: {cycles}"
 
 
-def test_packages_import_without_cycles():
-    """Collapsed to packages (controller, groups, workflow, report, top-level modules), still a DAG."""
-    def package(name: str) -> str:
-        parts = name.split(".")
-        return ".".join(parts[:2])
-
-    graph = nx.DiGraph()
-    for source, target in import_graph().edges:
-        if package(source) != package(target):
-            graph.add_edge(package(source), package(target))
-    assert list(nx.simple_cycles(graph)) == []
+def test_packages_import_without_cycles_type_only_imports_included():
+    assert list(nx.simple_cycles(layer_graph())) == []
 
 
-@pytest.mark.parametrize(("prefix", "forbidden"), [("unimas.groups", SPOKES_MUST_NOT_IMPORT),
-                                                   ("unimas.workflow", WORKFLOW_MUST_NOT_IMPORT)])
-def test_no_upward_imports(prefix, forbidden):
-    upward = [(source, target) for source, target in import_graph().edges
-              if source.startswith(prefix) and target.startswith(forbidden)]
-    assert upward == []
+def test_each_layer_imports_only_what_the_table_allows():
+    allowed = allowed_edges()
+    graph = layer_graph()
+    assert set(graph.nodes) <= set(allowed), f"layers missing from docs/architecture.md: {set(graph.nodes) - set(allowed)}"
+    forbidden = sorted((source, target) for source, target in graph.edges if target not in allowed[source])
+    assert forbidden == [], f"imports the table in docs/architecture.md does not allow: {forbidden}"
+
+
+def test_the_table_of_allowed_edges_is_itself_acyclic():
+    table = nx.DiGraph([(source, target) for source, targets in allowed_edges().items() for target in targets])
+    assert list(nx.simple_cycles(table)) == []
+    assert set(table.nodes) <= set(allowed_edges()), "an allowed target that is not a layer"
+
+
+@pytest.mark.parametrize("package", sorted(name.split(".")[1] for name, path in MODULES.items()
+                                           if name.count(".") == 1 and path.name == "__init__.py"))
+def test_package_docstring_states_its_allowed_imports(package):
+    """Each package says what it owns and what it may import; the line matches the table."""
+    doc = ast.get_docstring(ast.parse(MODULES[f"unimas.{package}"].read_text())) or ""
+    lines = [line for line in doc.splitlines() if line.startswith("May import:")]
+    assert lines, f"unimas/{package}/__init__.py: no 'May import:' line"
+    stated = lines[0].removeprefix("May import:").strip().rstrip(".")
+    assert (set() if stated == NONE else {n.strip() for n in stated.split(",")}) == allowed_edges()[package]
+
+
+def test_top_level_holds_little_more_than_the_public_surface():
+    top = sorted(name for name, path in MODULES.items() if name.count(".") == 1 and path.name != "__init__.py")
+    assert len(top) <= 12, top
 
 
 def test_the_checker_sees_a_cycle(tmp_path):
     """The walk above would miss nothing: a planted function-local import shows up as an edge."""
     planted = tmp_path / "planted.py"
-    planted.write_text("def f():\n    from unimas.trainer import Trainer\n")
-    assert "unimas.trainer" in imports_of(planted)
+    planted.write_text("def f():\n    from unimas.training.trainer import Trainer\n")
+    assert "unimas.training.trainer" in imports_of(planted)
+
+
+def test_the_layer_check_sees_type_only_imports(tmp_path):
+    """A TYPE_CHECKING import is an edge for the layer checks, and only for them."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from unimas.training.trainer import Trainer\n")
+    assert "unimas.training.trainer" in imports_of(planted, type_only=True)
+    assert "unimas.training.trainer" not in imports_of(planted)
 
 
 def test_no_module_over_500_lines():

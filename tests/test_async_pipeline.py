@@ -69,8 +69,8 @@ class Killed(BaseException):
 
 
 def test_a_resume_trains_the_saved_pending_rollouts_and_loses_no_step(tmp_path, monkeypatch):
-    from unimas.pipeline import PENDING
-    from unimas.trainer import Trainer
+    from unimas.training.pipeline import PENDING
+    from unimas.training.trainer import Trainer
 
     trained: list[tuple[int, str, str, int, tuple]] = []  # (attempt, episode, turn, weight version, tokens)
     attempt = {"n": 1}
@@ -124,7 +124,7 @@ def test_batched_grpo_advantages_are_verls_bit_for_bit():
     import torch
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-    from unimas.credit import grouped_advantages
+    from unimas.algorithms.credit import grouped_advantages
 
     generator = torch.Generator().manual_seed(0)
     sizes = [1, 2, 3, 8, 8, 8, 5, 16]  # lone turns, uneven and repeated group sizes
@@ -141,9 +141,9 @@ def test_batched_grpo_advantages_are_verls_bit_for_bit():
 
 def test_the_bound_drops_late_pipeline_turns_but_keeps_replayed_ones():
     from tests.conftest import EXAMPLES
-    from unimas.config_file import load_config
-    from unimas.credit import CreditedTurn
-    from unimas.pipeline import WeightVersions
+    from unimas.algorithms.credit import CreditedTurn
+    from unimas.config.loading import load_config
+    from unimas.training.pipeline import WeightVersions
     from unimas.trajectory import GraphTrajectory, TurnNode
 
     config = load_config(EXAMPLES / "quickstart_separate.yaml")  # max_staleness 0, stale_turns drop
@@ -172,7 +172,7 @@ def test_a_pipelined_run_killed_with_sigkill_resumes_on_its_saved_rollouts(tmp_p
     from tests.async_golden import EXAMPLES, SETTINGS
     from tests.conftest import REPO
     from tests.test_kill_resume import kill_when
-    from unimas.pipeline import PENDING
+    from unimas.training.pipeline import PENDING
     from unimas.trajectory import GraphTrajectory, read_jsonl
 
     run_dir = tmp_path / "run"

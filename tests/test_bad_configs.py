@@ -266,7 +266,7 @@ CASES = [
     Case("unknown-update-order", setting("algorithm.update_order", {"name": "reverse"}),
          ("algorithm.update_order.name", "reverse_execution")),
     Case("unknown-credit-shaper", setting("algorithm.credit", {"name": "hgpo2"}), ("algorithm.credit.name", "hgpo")),
-    # -- algorithm plugin parameters, checked against the types each plugin declares (unimas/plugin_params.py)
+    # -- algorithm plugin parameters, checked against the types each plugin declares (unimas/config/plugin_params.py)
     Case("rollout-param-unknown", method("rollout", "entropy_branch", sibling=1),
          ("algorithm.rollout.params.sibling", "unknown parameter", "siblings")),
     Case("rollout-param-float-for-int", method("rollout", "entropy_branch", roots=2.0),

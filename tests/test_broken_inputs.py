@@ -13,9 +13,9 @@ import torch
 import yaml
 
 from tests.conftest import EXAMPLES
-from unimas import checkpoints
 from unimas.cli import main
-from unimas.config_file import load_config
+from unimas.config.loading import load_config
+from unimas.output import checkpoints
 
 QUICKSTART = EXAMPLES / "quickstart.yaml"
 FAST = ["--set", "trainer.steps=1", "--set", "trainer.eval_size=4", "--set", "trainer.tasks_per_step=2"]

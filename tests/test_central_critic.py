@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 from tests.conftest import EXAMPLES
 from tests.test_critic import gae, records
 from tests.test_torch_backend import make_group
-from unimas.central_critic import render_context
 from unimas.cli import main
-from unimas.config import CriticConfig, OptimConfig
+from unimas.config.schema import CriticConfig, OptimConfig
 from unimas.groups.base import TrainTurn
 from unimas.groups.torch.critic import Critic, with_context
+from unimas.training.central_critic import render_context
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 
 CENTRAL = str(EXAMPLES / "quickstart_central_critic.yaml")

@@ -7,12 +7,13 @@ import asyncio
 import pytest
 from transformers import AutoTokenizer
 
-from unimas.config_file import config_from_dict
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.config.loading import config_from_dict
+from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
+from unimas.controller.specs import EpisodeSpec
 from unimas.groups.base import TrainTurn
-from unimas.groups.local import LocalTransport
-from unimas.validate import summary, validate
+from unimas.preflight.validate import summary, validate
+from unimas.runtime.local import LocalTransport
 
 
 async def three_rounds(ctx, task):
@@ -119,7 +120,7 @@ def test_validate_reports_template_use_and_memory(chat_model):
 def test_the_chat_quickstart_learns(chat_model, tmp_path, repo):
     """Signalling through the chat template on the test model: from its step-0 accuracy to perfect."""
     from unimas.cli import main
-    from unimas.metrics import read_metrics
+    from unimas.output.metrics import read_metrics
 
     run = tmp_path / "run"
     assert main(["train", str(repo / "examples" / "quickstart_chat.yaml"), "--run-dir", str(run),
@@ -179,7 +180,7 @@ def strict_model(chat_model, directory):
 def test_a_request_the_template_cannot_render_fails_alone_and_the_batch_goes_on(chat_model, tmp_path):
     """Through the router and the torch group: one request of a batch makes the chat template raise; it gets
     its error as its result, the others are sampled (and the batch really was one batch)."""
-    from unimas.config import GenerationConfig
+    from unimas.config.schema import GenerationConfig
     from unimas.groups.base import GenRequest
 
     config = chat_config(strict_model(chat_model, tmp_path))
@@ -230,7 +231,7 @@ def test_streamed_text_is_complete_characters_and_never_a_possible_stop():
 
 
 def test_a_verl_groups_prompt_that_the_template_cannot_render_is_that_requests_error(chat_model, tmp_path):
-    from unimas.config import GenerationConfig
+    from unimas.config.schema import GenerationConfig
     from unimas.groups.base import GenRequest
     from unimas.groups.verl.prompts import render
 

@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 from tests.conftest import EXAMPLES
-from unimas import checkpoints
 from unimas.cli import main
-from unimas.config_file import load_config
+from unimas.config.loading import load_config
+from unimas.output import checkpoints
 
 SETTINGS = ["trainer.steps=4", "trainer.save_every=2", "trainer.tasks_per_step=4", "trainer.eval_every=2",
             "trainer.stop_at_accuracy=null", "logging.report=false", "logging.console=false"]

@@ -11,12 +11,13 @@ from unimas_plugins.parsers import code_block
 from unimas_workflows import code_team as ct
 
 from tests.conftest import EXAMPLES
-from unimas import sandbox
 from unimas.cli import main
-from unimas.config import RoleConfig
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.config.schema import RoleConfig
+from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
+from unimas.controller.specs import EpisodeSpec
 from unimas.groups.base import GenResult
+from unimas.sandbox import runner as sandbox
 
 needs_sandbox = pytest.mark.skipif(not sandbox.available(), reason="the code sandbox (bubblewrap) is not available")
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add(2, 2) == 4\nassert True"

@@ -1,7 +1,7 @@
 import pytest
 
 from tests.conftest import EXAMPLES
-from unimas.config_file import apply_override, config_from_dict, load_config
+from unimas.config.loading import apply_override, config_from_dict, load_config
 from unimas.errors import UserError
 
 

@@ -10,10 +10,10 @@ from typing import Any, Iterator
 
 from pydantic import BaseModel
 
-from unimas import algorithm_docs
-from unimas.config import ExperimentConfig
-from unimas.config_docs import REGENERATE, builtin_backend_options, render
-from unimas.registry import build_registry
+from unimas.config.schema import ExperimentConfig
+from unimas.contract.registry import build_registry
+from unimas.preflight import algorithm_reference as algorithm_docs
+from unimas.preflight.config_reference import REGENERATE, builtin_backend_options, render
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 ALGORITHMS_DOC = Path(__file__).resolve().parents[1] / "docs" / "algorithms.md"

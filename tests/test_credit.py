@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
-from unimas.algorithms import Estimator
-from unimas.config_file import config_from_dict
-from unimas.credit import CreditAssigner
+from unimas.algorithms.credit import CreditAssigner
+from unimas.algorithms.functions import Estimator
+from unimas.config.loading import config_from_dict
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 

@@ -17,14 +17,14 @@ from safetensors.torch import load_file
 from tests.conftest import EXAMPLES
 from tests.test_kill_resume import VOLATILE
 from tests.test_torch_backend import make_group
-from unimas import algorithms
+from unimas.algorithms import functions as algorithms
+from unimas.algorithms.credit import CreditedTurn
 from unimas.cli import main
-from unimas.config import CriticConfig, OptimConfig, RoleConfig
-from unimas.credit import CreditedTurn
+from unimas.config.schema import CriticConfig, OptimConfig, RoleConfig
+from unimas.contract.registry import build_registry
 from unimas.groups.base import TrainTurn
-from unimas.registry import build_registry
 from unimas.groups.role_gae import gae_over_turns, role_sequences
-from unimas.trainer import train_turn
+from unimas.training.trainer import train_turn
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 
 PPO = str(EXAMPLES / "quickstart_ppo.yaml")

@@ -4,8 +4,10 @@ import asyncio
 
 import pytest
 
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.controller.episodes import Controller
+
 from unimas.controller.router import Router
+from unimas.controller.specs import EpisodeSpec
 from unimas.controller.timeouts import Deadlines
 
 

@@ -1,6 +1,6 @@
 """Huge but finite numbers, and NaN/inf, cannot break the end of a run.
 
-The policy (``unimas/credit.py``): a reward value must be a finite number. NaN and ±inf fail their episode,
+The policy (``unimas/algorithms/credit.py``): a reward value must be a finite number. NaN and ±inf fail their episode,
 and when every evaluation episode fails the run stops with exit 2 naming the reward. A finite value beyond
 ±1e6 (``REWARD_BOUND``) is clipped to it, and so is a weighted term or a turn's sum; the step counts them in
 ``reward/clipped`` and the trajectory keeps the original in ``unclipped_rewards``. Whether a reward plugin
@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from tests.conftest import EXAMPLES
+from unimas.algorithms.credit import REWARD_BOUND
 from unimas.cli import main
-from unimas.credit import REWARD_BOUND
 from unimas.gateway.errors import GatewayError
 from unimas.gateway.protocol import parse_json
 from unimas.gateway.rewards import agent_reward

@@ -16,9 +16,10 @@ import yaml
 from tests.conftest import EXAMPLES
 from tests.test_router import EchoTransport
 from unimas.cli import main
-from unimas.config import RoleConfig
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.config.schema import RoleConfig
+from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
+from unimas.controller.specs import EpisodeSpec
 from unimas.errors import ModelGroupError
 
 ROLES = {"a": RoleConfig(model="m", template="A:{question}")}

@@ -14,13 +14,15 @@ import asyncio
 import pytest
 
 import unimas
-from unimas.config_file import config_from_dict
-from unimas.controller.episodes import Controller, EpisodeSpec
-from unimas.controller.forking import ReplayPrefix, episode_tree, fork_specs, sampled_tokens
+from unimas.algorithms.credit import CreditAssigner
+from unimas.config.loading import config_from_dict
+from unimas.controller.episodes import Controller
+from unimas.controller.forking import episode_tree, fork_specs, sampled_tokens
 from unimas.controller.router import Router
-from unimas.credit import CreditAssigner
-from unimas.experiment import Experiment
-from unimas.groups.transport import start_transport
+from unimas.controller.specs import EpisodeSpec
+from unimas.controller.specs import ReplayPrefix
+from unimas.runtime.transport import start_transport
+from unimas.training.experiment import Experiment
 
 
 async def relay(ctx, task):

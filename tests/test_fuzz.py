@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from tests.conftest import EXAMPLES
-from unimas.config import GraphConfig, RoleConfig
-from unimas.config_file import load_config
+from unimas.config.loading import load_config
+from unimas.config.schema import GraphConfig, RoleConfig
+from unimas.contract.registry import build_registry
 from unimas.errors import UserError
-from unimas.registry import build_registry
-from unimas.validate import validate
+from unimas.preflight.validate import validate
 from unimas.workflow.graph import check_graph, make_graph_workflow
 
 FUZZ = settings(derandomize=True, deadline=2000, max_examples=150, database=None,

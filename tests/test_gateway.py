@@ -16,18 +16,19 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import AsyncOpenAI
 
-from unimas.config_file import config_from_dict
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.algorithms.credit import CreditAssigner
+from unimas.config.loading import config_from_dict
+from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
-from unimas.credit import CreditAssigner
+from unimas.controller.specs import EpisodeSpec
 from unimas.errors import UserError
-from unimas.experiment import Experiment
 from unimas.gateway.app import build_app
 from unimas.gateway.protocol import GatewayError
 from unimas.gateway.rewards import agent_reward
 from unimas.gateway.server import is_loopback
 from unimas.gateway.sessions import consumed_turns
-from unimas.groups.transport import start_transport
+from unimas.runtime.transport import start_transport
+from unimas.training.experiment import Experiment
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 

@@ -1,7 +1,7 @@
 """Generation controls through the gateway, on the real torch group: stop strings, forced tool calls, log-probs,
 response_format, refused and ignored fields, and token-exact continuation with tools.
 
-The tool-calling test model (``python -m unimas.tiny_chat DIR --tool-calls``) answers a request with tools by
+The tool-calling test model (``python -m unimas.testing.tiny_chat DIR --tool-calls``) answers a request with tools by
 calling the first listed function and a tool result by repeating it; ``tiny-chat`` answers ``repeat: x`` with x.
 """
 
@@ -15,8 +15,8 @@ from openai import AsyncOpenAI, BadRequestError
 
 from tests.test_gateway import run_episodes
 from unimas.gateway.protocol import GatewayError, format_error, parse_chat
-from unimas.metrics import rollout_metrics
-from unimas.tiny_chat import chat_model_dir
+from unimas.output.metrics import rollout_metrics
+from unimas.testing.tiny_chat import chat_model_dir
 from unimas.trajectory import TurnNode
 
 ROLES = {"agent"}

@@ -31,14 +31,14 @@ from openai import AsyncOpenAI
 from tests.test_chat import strict_model
 from tests.test_gateway import run_episodes, team
 from unimas.cli import main
-from unimas.config_file import config_from_dict
+from unimas.config.loading import config_from_dict
 from unimas.errors import UserError
-from unimas.experiment import Experiment
 from unimas.gateway import agent
 from unimas.gateway.app import build_app
 from unimas.gateway.confine import Confinement, confinement
 from unimas.gateway.guard import allowed_hosts, host_name
 from unimas.gateway.protocol import GatewayError
+from unimas.training.experiment import Experiment
 from unimas.trajectory import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import networkx as nx
 import pytest
 from unimas_plugins.parsers import regex
 
-from unimas.config import GraphConfig, RoleConfig
+from unimas.config.schema import GraphConfig, RoleConfig
 from unimas.controller.context import EpisodeContext, node_value
 from unimas.errors import UserError
 from unimas.groups.base import GenResult

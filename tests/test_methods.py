@@ -18,15 +18,15 @@ from unimas_plugins.methods.passthrough import passthrough
 from unimas_plugins.methods.replay import VerifiedSuccesses
 from unimas_plugins.methods.seeupo import ReverseExecution
 
-from unimas import plugin_params
-from unimas.algorithms import resolve_policy_loss
-from unimas.controller.episodes import EpisodeSpec
-from unimas.credit import CreditedTurn
+from unimas.algorithms.credit import CreditedTurn
+from unimas.algorithms.functions import resolve_policy_loss
+from unimas.config import plugin_params
+from unimas.contract.registry import build_registry
+from unimas.controller.specs import EpisodeSpec
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import TrainTurn
-from unimas.registry import build_registry
+from unimas.training.update_order import execution_order, update_groups
 from unimas.trajectory import GraphTrajectory, TurnNode
-from unimas.update_order import execution_order, update_groups
 
 
 def episode(eid, task, turns, reward, **fields):

@@ -12,11 +12,11 @@ import json
 
 import unimas
 from tests.conftest import EXAMPLES
-from unimas.algorithm_docs import parameter_lines
 from unimas.cli import main
-from unimas.config_file import load_config
-from unimas.rollout import _build
-from unimas.validate import validate
+from unimas.config.loading import load_config
+from unimas.preflight.algorithm_reference import parameter_lines
+from unimas.preflight.validate import validate
+from unimas.training.rollout import _build
 from unimas.trajectory import read_jsonl
 
 CALLS: list[tuple[str, object]] = []

@@ -6,9 +6,9 @@ import itertools
 import re
 from pathlib import Path
 
-from unimas.config_file import load_config
-from unimas.credit import reward_keys
-from unimas.metrics import read_metrics
+from unimas.algorithms.credit import reward_keys
+from unimas.config.loading import load_config
+from unimas.output.metrics import read_metrics
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 ROW = re.compile(r"^\| `([^`]+)` \| (.+) \| (.+) \|$")

@@ -66,7 +66,7 @@ def test_trainable_api_group_is_rejected(tmp_path, endpoint, capsys):
 
 
 def test_chat_api_sends_the_roles_messages(endpoint):
-    from unimas.config import GenerationConfig
+    from unimas.config.schema import GenerationConfig
     from unimas.groups.base import GenRequest, GroupSpec
     from unimas.groups.openai import OpenAIModelGroup, OpenAIOptions
 

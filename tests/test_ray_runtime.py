@@ -27,19 +27,20 @@ ray = pytest.importorskip("ray")
 
 from tests.conftest import EXAMPLES, REPO  # noqa: E402
 from unimas.cli import main  # noqa: E402
-from unimas.config import ExperimentConfig, RuntimeConfig
-from unimas.config_file import load_config  # noqa: E402
-from unimas.controller.episodes import Controller, EpisodeSpec  # noqa: E402
+from unimas.config.schema import ExperimentConfig, RuntimeConfig
+from unimas.config.loading import load_config  # noqa: E402
+from unimas.controller.episodes import Controller  # noqa: E402
+from unimas.controller.specs import EpisodeSpec
 from unimas.controller.router import Router  # noqa: E402
 from unimas.errors import (
     ModelGroupError,  # noqa: E402
     UserError,  # noqa: E402
 )
-from unimas.experiment import Experiment  # noqa: E402
-from unimas.groups.local import LocalTransport  # noqa: E402
-from unimas.groups.ray_actors import RayTransport, _check_reachable, connect  # noqa: E402
-from unimas.rundir import RunDir  # noqa: E402
-from unimas.trainer import Trainer  # noqa: E402
+from unimas.training.experiment import Experiment  # noqa: E402
+from unimas.runtime.local import LocalTransport  # noqa: E402
+from unimas.runtime.ray_actors import RayTransport, _check_reachable, connect  # noqa: E402
+from unimas.output.rundir import RunDir  # noqa: E402
+from unimas.training.trainer import Trainer  # noqa: E402
 
 CONFIG = EXAMPLES / "quickstart_separate.yaml"
 SMALL = [
@@ -356,7 +357,7 @@ def test_ctrl_c_stops_the_actors_and_leaves_a_joined_cluster_running(ray_transpo
 def test_async_pipeline_on_ray_trains_turns_one_version_old(ray_cluster, tmp_path):
     """``max_staleness: 1`` with actors: the next step's episodes are sampled while the groups update, so some
     turns arrive one weight version old, none older; checkpoints carry the rollouts generated ahead."""
-    from unimas.pipeline import PENDING
+    from unimas.training.pipeline import PENDING
 
     config = small_config("algorithm.max_staleness=1", "trainer.steps=4", "trainer.save_every=2")
     transport = RayTransport.start(config)

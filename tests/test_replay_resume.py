@@ -7,7 +7,7 @@ from unimas_plugins.methods.replay import VerifiedSuccesses
 from tests.conftest import EXAMPLES
 from tests.test_kill_resume import VOLATILE
 from unimas.cli import main
-from unimas.rollout import REPLAY_STATE
+from unimas.training.rollout import REPLAY_STATE
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 REPLAY = ["trainer.tasks_per_step=4", "algorithm.group_size=2", "trainer.eval_every=2", "trainer.save_every=2",

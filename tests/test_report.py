@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from unimas.config_file import load_config
-from unimas.console import ConsoleLogger
+from unimas.config.loading import load_config
 from unimas.errors import UserError
-from unimas.loggers import build_loggers
-from unimas.metrics import read_metrics
+from unimas.output.console import ConsoleLogger
+from unimas.output.loggers import build_loggers
+from unimas.output.metrics import read_metrics
+from unimas.output.rundir import RunDir
 from unimas.report.data import select_episodes, slim_episode
-from unimas.rundir import RunDir
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import yaml
 
-from unimas.config_file import load_config
-from unimas.console import ConsoleLogger
+from unimas.config.loading import load_config
+from unimas.output.console import ConsoleLogger
+from unimas.output.rundir import RunDir
 from unimas.report.data import load_run, model_mapping, slim_episode
 from unimas.report.html import header
-from unimas.rundir import RunDir
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"

@@ -1,6 +1,6 @@
 import asyncio
 
-from unimas.config import GenerationConfig
+from unimas.config.schema import GenerationConfig
 from unimas.controller.router import Router
 from unimas.errors import ModelGroupError
 from unimas.groups.base import GenRequest, GenResult

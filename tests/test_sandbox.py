@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from unimas import sandbox
 from unimas.errors import UserError
-from unimas.sandbox import SandboxLimits, run_python
+from unimas.sandbox import runner as sandbox
+from unimas.sandbox.runner import SandboxLimits, run_python
 
 needs_bwrap = pytest.mark.skipif(not sandbox.available(), reason=f"sandbox unavailable: {sandbox.unavailable_reason()}")
 QUICK = SandboxLimits(timeout_s=5.0)
@@ -283,7 +283,7 @@ def test_stream_socket_pairs_and_asyncio_still_work():
 
 
 def test_without_libseccomp_the_sandbox_is_unavailable(monkeypatch):
-    from unimas import sandbox_seccomp
+    from unimas.sandbox import seccomp as sandbox_seccomp
 
     why = "libseccomp is not installed (test)"
     monkeypatch.setattr(sandbox_seccomp, "program", lambda: (None, why))

@@ -17,9 +17,9 @@ import pytest
 
 import unimas
 from tests.conftest import REPO
+from unimas.config.plugin_params import params_spec
+from unimas.contract.registry import Deferred, Entry, build_registry
 from unimas.errors import UserError
-from unimas.plugin_params import params_spec
-from unimas.registry import Deferred, Entry, build_registry
 
 HEAVY = ("torch", "transformers", "verl", "ray", "peft", "matplotlib")
 
@@ -45,7 +45,7 @@ def quiet_cli(*argv: str) -> str:
 @pytest.mark.parametrize("code", [
     "import unimas",
     "import unimas; unimas.hookimpl; unimas.UserError; unimas.Workflow",
-    "from unimas.registry import build_registry; assert build_registry().names('backends')",
+    "from unimas.contract.registry import build_registry; assert build_registry().names('backends')",
     quiet_cli("--help"),
     quiet_cli("plugins"),
     quiet_cli("plugins", "--verbose"),

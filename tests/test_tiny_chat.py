@@ -7,8 +7,8 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from unimas import tiny_chat
-from unimas.tiny_chat import (
+from unimas.testing import tiny_chat
+from unimas.testing.tiny_chat import (
     IM_END,
     IM_START,
     PAD,

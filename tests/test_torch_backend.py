@@ -1,4 +1,4 @@
-"""Tests of the in-process torch backend and its char tokenizer, and the shared loss in ``unimas.algorithms``.
+"""Tests of the in-process torch backend and its char tokenizer, and the shared loss in ``unimas.algorithms.functions``.
 
 Every test checks a property a broken implementation would violate: equal
 log-probs under padding and between sampling and training, EOS handling,
@@ -17,8 +17,8 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
 
-from unimas import algorithms
-from unimas.config import AlgorithmConfig, GenerationConfig, LoraConfig, ModelGroupConfig, OptimConfig
+from unimas.algorithms import functions as algorithms
+from unimas.config.schema import AlgorithmConfig, GenerationConfig, LoraConfig, ModelGroupConfig, OptimConfig
 from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
 from unimas.groups.torch import SupervisedExample, TorchModelGroup, TorchOptions
 from unimas.groups.torch.chars import build_char_tokenizer, check_known
@@ -27,7 +27,7 @@ ALPHABET = "abcdefgh:SL "
 
 
 def group_spec(config: ModelGroupConfig, adapters=(), seed=0, total_updates=0, name="m", **algorithm) -> GroupSpec:
-    """What ``unimas.groups.build`` makes from a full config: validated options, algorithm, policy loss."""
+    """What ``unimas.runtime.build`` makes from a full config: validated options, algorithm, policy loss."""
     settings = AlgorithmConfig(**algorithm)
     return GroupSpec(name=name, config=config, options=TorchOptions.model_validate(config.options),
                      adapters=list(adapters), seed=seed, algorithm=settings,

@@ -90,11 +90,11 @@ def test_arith_warm_start_checkpoint_loads_and_trains(tmp_path):
 
 
 def _local_trainer(tmp_path, *overrides):
-    from unimas.config_file import load_config
-    from unimas.groups.local import LocalTransport
-    from unimas.rundir import RunDir
-    from unimas.trainer import Trainer
-    from unimas.validate import validate
+    from unimas.config.loading import load_config
+    from unimas.output.rundir import RunDir
+    from unimas.preflight.validate import validate
+    from unimas.runtime.local import LocalTransport
+    from unimas.training.trainer import Trainer
 
     config = load_config(EXAMPLES / "quickstart.yaml", ["trainer.steps=3", "trainer.tasks_per_step=4",
                                                        "trainer.stop_at_accuracy=null", *overrides])

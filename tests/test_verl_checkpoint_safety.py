@@ -22,9 +22,9 @@ import torch
 import yaml
 
 from tests.conftest import EXAMPLES
-from unimas import checkpoints
 from unimas.cli import main
-from unimas.config_file import load_config
+from unimas.config.loading import load_config
+from unimas.output import checkpoints
 
 RANK_FILES = ("verl_actor/model_rank_0_of_1.safetensors", "verl_actor/optimizer_rank_0_of_1.pt",
               "verl_actor/scheduler_rank_0_of_1.json", "verl_actor/rng_rank_0_of_1.pt")

@@ -9,12 +9,12 @@ import pytest
 
 from tests.conftest import EXAMPLES, save_tiny_model
 from unimas.cli import main
-from unimas.config_file import config_from_dict
-from unimas.groups.build import group_spec
-from unimas.groups.placement import placement_plan
+from unimas.config.loading import config_from_dict
+from unimas.contract.registry import build_registry
 from unimas.groups.verl.options import translate
-from unimas.registry import build_registry
-from unimas.validate import check_config
+from unimas.preflight.validate import check_config
+from unimas.runtime.build import group_spec
+from unimas.runtime.placement import placement_plan
 
 TINY = {"architecture": "qwen2", "alphabet": "SL:abcdefgh", "hidden_size": 32, "num_layers": 1, "num_heads": 4}
 

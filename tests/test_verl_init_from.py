@@ -12,12 +12,12 @@ import shutil
 
 import pytest
 
-from unimas.config_file import config_from_dict
+from unimas.config.loading import config_from_dict
+from unimas.contract.registry import build_registry
 from unimas.errors import UserError
 from unimas.groups.base import TrainTurn
-from unimas.groups.build import build_group
-from unimas.registry import build_registry
-from unimas.validate import check_config
+from unimas.preflight.validate import check_config
+from unimas.runtime.build import build_group
 
 TINY = {"architecture": "qwen2", "alphabet": "SL:abcdefgh", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
         "max_positions": 32}

@@ -12,12 +12,12 @@ from transformers import AutoModelForCausalLM
 
 from tests.test_verl_train import final_weights
 from unimas.cli import main
-from unimas.config import GenerationConfig
-from unimas.config_file import config_from_dict
+from unimas.config.loading import config_from_dict
+from unimas.config.schema import GenerationConfig
+from unimas.contract.registry import build_registry
 from unimas.groups.base import GenRequest, TrainTurn
-from unimas.groups.build import build_group
-from unimas.registry import build_registry
-from unimas.validate import check_config
+from unimas.preflight.validate import check_config
+from unimas.runtime.build import build_group
 
 TINY = {"architecture": "qwen2", "alphabet": "SL:abcdefgh", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
         "max_positions": 32}

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import ray
 
-from unimas.config import GenerationConfig
-from unimas.config_file import config_from_dict
+from unimas.config.loading import config_from_dict
+from unimas.config.schema import GenerationConfig
+from unimas.contract.registry import build_registry
 from unimas.groups.base import GenRequest, TrainTurn
-from unimas.groups.build import build_group
-from unimas.registry import build_registry
+from unimas.runtime.build import build_group
 
 TINY = {"architecture": "qwen2", "alphabet": "SL:abcdefgh", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
         "max_positions": 32}

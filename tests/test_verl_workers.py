@@ -18,13 +18,13 @@ import torch
 
 from tests.conftest import save_tiny_model
 from tests.test_verl_checkpoint_safety import Payload
-from unimas.config import GenerationConfig
-from unimas.config_file import config_from_dict
+from unimas.config.loading import config_from_dict
+from unimas.config.schema import GenerationConfig
+from unimas.contract.registry import build_registry
 from unimas.errors import UserError
 from unimas.groups.base import GenRequest, TrainTurn
-from unimas.groups.build import build_group, group_spec
-from unimas.registry import build_registry
-from unimas.validate import check_config
+from unimas.preflight.validate import check_config
+from unimas.runtime.build import build_group, group_spec
 
 TINY = {"architecture": "qwen2", "alphabet": "SL:abcdefgh", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
         "max_positions": 32}
@@ -52,7 +52,7 @@ def problems(group_change: dict | None = None, **options) -> dict:
 
 def test_the_plan_counts_each_ranks_cpu_bundle():
     """Under runtime: ray too few CPUs would leave the ranks waiting forever for their bundles."""
-    from unimas.groups.placement import placement_plan
+    from unimas.runtime.placement import placement_plan
 
     plan = placement_plan(config_from_dict(experiment(workers="ray", world_size=2)))
     assert "model group dp: 3 CPU, 0 GPU" in plan and "Ray worker group of 2 rank(s) on CPU (gloo)" in plan
@@ -177,7 +177,7 @@ def test_the_transport_runs_a_worker_groups_calls_beside_other_work(groups):
     import asyncio
     import time
 
-    from unimas.groups.local import LocalTransport
+    from unimas.runtime.local import LocalTransport
 
     ranked, single = groups
     spans: dict[str, list[float]] = {}

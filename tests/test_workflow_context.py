@@ -5,9 +5,10 @@ import asyncio
 import networkx as nx
 
 from tests.test_router import EchoTransport
-from unimas.config import RoleConfig
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.config.schema import RoleConfig
+from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
+from unimas.controller.specs import EpisodeSpec
 
 ROLES = {
     "pro": RoleConfig(model="a", template="P:{question}"),

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from unimas.contract.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
 from unimas.errors import ModelGroupError, ParseError, UserError
-from unimas.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from unimas.api import train
-    from unimas.config import ExperimentConfig
+    from unimas.config.schema import ExperimentConfig
     from unimas.controller.context import EpisodeContext
     from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, NoOptions, TrainTurn
     from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
@@ -33,7 +33,7 @@ hookimpl = pluggy.HookimplMarker("unimas")
 
 _LAZY = {
     "train": "unimas.api",
-    "ExperimentConfig": "unimas.config",
+    "ExperimentConfig": "unimas.config.schema",
     "EpisodeContext": "unimas.controller.context",
     "GraphTrajectory": "unimas.trajectory",
     "TurnNode": "unimas.trajectory",

@@ -6,17 +6,17 @@ import asyncio
 from pathlib import Path
 from typing import Any, Callable
 
-from unimas.config import ExperimentConfig
-from unimas.config_file import config_from_dict, load_config
+from unimas.config.loading import config_from_dict, load_config
+from unimas.config.schema import ExperimentConfig
 from unimas.errors import UserError
-from unimas.experiment import Experiment
-from unimas.groups.transport import start_transport
-from unimas.loggers import build_loggers
+from unimas.output.loggers import build_loggers
+from unimas.output.rundir import RunDir
+from unimas.preflight.validate import validate
 from unimas.process import torch_setup
 from unimas.report import write_report
-from unimas.rundir import RunDir
-from unimas.trainer import Trainer
-from unimas.validate import validate
+from unimas.runtime.transport import start_transport
+from unimas.training.experiment import Experiment
+from unimas.training.trainer import Trainer
 
 
 def _merge(tree: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

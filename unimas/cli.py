@@ -96,7 +96,7 @@ def _fail(exc: BaseException, code: int, debug: bool) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "sandbox":  # a debugging command that needs neither torch nor the trainer
-        from unimas.sandbox_cli import cli_command
+        from unimas.sandbox.cli import cli_command
 
         return cli_command(args)
 

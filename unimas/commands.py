@@ -13,36 +13,36 @@ import asyncio
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from unimas.contract.registry import KINDS, Registry, build_registry
 from unimas.errors import UserError
-from unimas.registry import KINDS, Registry, build_registry
 
 if TYPE_CHECKING:
-    from unimas.experiment import Experiment
-    from unimas.trainer import Trainer
+    from unimas.training.experiment import Experiment
+    from unimas.training.trainer import Trainer
 
 
 def _prepare(args: argparse.Namespace) -> Experiment:
-    from unimas.config_file import load_config
-    from unimas.validate import validate
+    from unimas.config.loading import load_config
+    from unimas.preflight.validate import validate
 
     return validate(load_config(args.config, args.overrides))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from unimas.validate import summary
+    from unimas.preflight.validate import summary
 
     experiment = _prepare(args)
     print(f"ok: {args.config}")
     print(summary(experiment))
     if args.episodes:
-        from unimas.dry_run import describe_dry_run, dry_run
+        from unimas.preflight.dry_run import describe_dry_run, dry_run
 
         print(describe_dry_run(experiment, dry_run(experiment, args.episodes)))
     return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from unimas.algorithm_docs import PARAMS_KEYS
+    from unimas.preflight.algorithm_reference import PARAMS_KEYS
 
     registry = build_registry()
     for kind in KINDS:
@@ -62,7 +62,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 def _print_parameters(registry: Registry, kind: str) -> None:
     """Each plugin of an algorithm kind with the parameters it declares (set under ``PARAMS_KEYS[kind]``)."""
-    from unimas.algorithm_docs import PARAMS_KEYS, parameter_lines
+    from unimas.preflight.algorithm_reference import PARAMS_KEYS, parameter_lines
 
     for name in registry.names(kind):
         print(f"  {name}  ({registry.provider(kind, name)}; {PARAMS_KEYS[kind]})")
@@ -75,8 +75,8 @@ def _print_parameters(registry: Registry, kind: str) -> None:
 
 
 def _dry_run_placement(experiment: Experiment) -> int:
-    from unimas.groups.placement import placement_plan
-    from unimas.validate import summary
+    from unimas.preflight.validate import summary
+    from unimas.runtime.placement import placement_plan
 
     config = experiment.config
     print(summary(experiment))
@@ -85,7 +85,7 @@ def _dry_run_placement(experiment: Experiment) -> int:
         return 0
     import ray
 
-    from unimas.groups.ray_actors import ray_available
+    from unimas.runtime.ray_actors import ray_available
 
     totals, nodes, started = ray_available(config)
     try:
@@ -98,9 +98,9 @@ def _dry_run_placement(experiment: Experiment) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from unimas.api import train
-    from unimas.config_file import load_config
-    from unimas.rundir import RunDir
-    from unimas.validate import validate
+    from unimas.config.loading import load_config
+    from unimas.output.rundir import RunDir
+    from unimas.preflight.validate import validate
 
     config = load_config(args.config, args.overrides)
     if args.dry_run:
@@ -114,12 +114,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from unimas.groups.transport import start_transport
-    from unimas.loggers import build_loggers
-    from unimas.metrics import MetricsWriter
+    from unimas.output.loggers import build_loggers
+    from unimas.output.metrics import MetricsWriter
+    from unimas.output.rundir import RunDir
     from unimas.process import torch_setup
-    from unimas.rundir import RunDir
-    from unimas.trainer import Trainer
+    from unimas.runtime.transport import start_transport
+    from unimas.training.trainer import Trainer
 
     experiment = _prepare(args)
     config = experiment.config
@@ -145,8 +145,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 async def _evaluate(trainer: Trainer, checkpoint) -> dict:
-    from unimas.config_file import dump_config
-    from unimas.rundir import RunDir
+    from unimas.config.loading import dump_config
+    from unimas.output.rundir import RunDir
 
     step = 0
     if checkpoint is not None:

@@ -95,7 +95,7 @@ class GraphTrajectory:
     error: Optional[str] = None
     rewards: dict[str, Any] = field(default_factory=dict)
     """Per reward name: the value the plugin returned (trajectory/role/turn level), clipped to ±1e6
-    (``unimas.credit.REWARD_BOUND``)."""
+    (``unimas.algorithms.credit.REWARD_BOUND``)."""
     unclipped_rewards: dict[str, Any] = field(default_factory=dict)
     """Per reward name, only where clipping changed something: what the plugin returned (a number, or for role
     and turn levels a dict of the clipped entries)."""
@@ -178,7 +178,7 @@ class GraphTrajectory:
         return self.error is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """A deep copy as plain data (``unimas.replay`` copies an episode through it)."""
+        """A deep copy as plain data (``unimas.training.replay`` copies an episode through it)."""
         return self._as_data([asdict(node) for node in self._in_order])
 
     def _as_data(self, nodes: list[dict[str, Any]]) -> dict[str, Any]:

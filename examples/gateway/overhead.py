@@ -6,7 +6,7 @@ that machine load hits them alike:
   function  an async openai-client agent in the trainer's process (workflow.agent.function)
   command   examples/gateway/two_agents.py as a subprocess per episode (workflow.agent.command)
 Prints rollout wall time and turns/s per way (median over rounds). From the repository root:
-  python -m unimas.tiny_chat examples/models/tiny-chat
+  python -m unimas.testing.tiny_chat examples/models/tiny-chat
   python examples/gateway/overhead.py examples/models/tiny-chat --episodes 32 --rounds 3
 """
 
@@ -21,11 +21,12 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-from unimas.config_file import config_from_dict
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.config.loading import config_from_dict
+from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
-from unimas.experiment import Experiment
-from unimas.groups.transport import start_transport
+from unimas.controller.specs import EpisodeSpec
+from unimas.runtime.transport import start_transport
+from unimas.training.experiment import Experiment
 
 HERE = Path(__file__).resolve().parent
 

@@ -3,13 +3,13 @@
 
 Each name maps to the backend class itself: its ``options`` model validates
 ``models.<group>.options`` and its ``build`` classmethod makes the group. The
-classes are :class:`~unimas.registry.Deferred`: their modules import torch,
+classes are :class:`~unimas.contract.registry.Deferred`: their modules import torch,
 transformers or verl, which ``unimas plugins`` has no use for; the registry
 imports one when a config names it.
 """
 
 import unimas
-from unimas.registry import Deferred
+from unimas.contract.registry import Deferred
 
 
 @unimas.hookimpl

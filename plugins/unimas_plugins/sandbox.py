@@ -1,11 +1,11 @@
-"""The ``run_python`` tool: runs model-written Python in the bubblewrap sandbox of :mod:`unimas.sandbox`.
+"""The ``run_python`` tool: runs model-written Python in the bubblewrap sandbox of :mod:`unimas.sandbox.runner`.
 
 Workflows call ``await ctx.tool("run_python", code=..., stdin=..., timeout_s=...)``
-and get the JSON object of :meth:`unimas.sandbox.SandboxResult.to_json`
+and get the JSON object of :meth:`unimas.sandbox.runner.SandboxResult.to_json`
 (``status``, ``exit_code``, ``stdout``, ``stderr``, ``duration_s``, ``notes``).
 The tool never falls back to running without namespaces: a machine without
 bubblewrap gets status ``refused``. Workflow validation can check ahead with
-:func:`unimas.sandbox.require_available`.
+:func:`unimas.sandbox.runner.require_available`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import unimas
-from unimas.sandbox import SandboxLimits, run_python
+from unimas.sandbox.runner import SandboxLimits, run_python
 
 MAX_TIMEOUT_S = 60.0
 

@@ -28,7 +28,7 @@ stages, writing each turn's ``reward`` and ``advantage`` exactly once:
    ``role_turn``: also split by the role's turn index; ``trajectory``: all
    turns of the task's G episodes together.
 3. **Estimation**: the turns' rewards go through the estimator (plugin or
-   verl, see :mod:`unimas.algorithms`) as a ``(turns, 1)`` tensor; the
+   verl, see :mod:`unimas.algorithms.functions`) as a ``(turns, 1)`` tensor; the
    backend broadcasts each advantage over the turn's response tokens.
 
 The diagnostics (per-reward per-role means, zero-variance groups, advantage
@@ -46,8 +46,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from unimas.algorithms import Estimator
-from unimas.config import ExperimentConfig, RewardConfig
+from unimas.algorithms.functions import Estimator
+from unimas.config.schema import ExperimentConfig, RewardConfig
 from unimas.errors import UserError, describe
 from unimas.trajectory import GraphTrajectory, TurnNode
 
@@ -115,7 +115,7 @@ class CreditAssigner:
         self.trainable_roles = {name for name, role in config.roles.items()
                                 if role.trainable and config.models[role.model].trainable}
         self.shaper: Callable[[list[CreditedTurn]], list[float]] | None = None
-        """``algorithm.credit``'s per-turn signal (it may rewrite keys); set by :class:`unimas.rollout.Rollout`."""
+        """``algorithm.credit``'s per-turn signal (it may rewrite keys); set by :class:`unimas.training.rollout.Rollout`."""
 
     # -- 1. allocation ------------------------------------------------------
     def _score(self, trajectory: GraphTrajectory, key: str, spec: RewardConfig) -> Any:

@@ -13,7 +13,7 @@ verl run and a plugin can add (or shadow) any name:
 
 Beside verl's inputs, an estimator or a loss may take keyword-only parameters
 (after ``*``), set with ``algorithm.estimator_params`` / ``algorithm.loss_params``
-and checked like every algorithm plugin's (:mod:`unimas.plugin_params`); they
+and checked like every algorithm plugin's (:mod:`unimas.config.plugin_params`); they
 are bound once, when the name is resolved.
 
 :func:`compose_loss` is the whole objective (nanoGPT-style, in one place)::
@@ -32,17 +32,29 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
 
-from unimas import plugin_params
-from unimas.config import AlgorithmConfig
+from unimas.config import plugin_params
+from unimas.config.schema import AlgorithmConfig
 from unimas.errors import UserError
 
-if TYPE_CHECKING:
-    from unimas.registry import Registry
+
+
+class PluginTable(Protocol):
+    """The plugins' estimators and losses by name: :class:`unimas.contract.registry.Registry` is one.
+
+    Named by shape rather than imported, so this layer (below the model
+    groups) does not depend on the plugin contract (above them).
+    """
+
+    def names(self, kind: str) -> list[str]: ...
+
+    def get(self, kind: str, name: str, *, where: str | None = None) -> Any: ...
+
+    def provider(self, kind: str, name: str) -> str: ...
 
 PROVIDED_INPUTS = frozenset({"token_level_rewards", "response_mask", "index", "norm_adv_by_std_in_grpo", "config"})
 """What unimas can hand an estimator: one credit scalar per turn, group keys, verl's AlgoConfig."""
@@ -116,7 +128,7 @@ def _algo_config(gamma: float, norm_by_std: bool):
     return AlgoConfig(gamma=gamma, norm_adv_by_std_in_grpo=norm_by_std)
 
 
-def estimators(registry: "Registry") -> dict[str, Estimator]:
+def estimators(registry: "PluginTable") -> dict[str, Estimator]:
     """Every estimator by name: plugins first (they may shadow a verl name), then verl's registry."""
     table = {name: Estimator.from_function(name, fn, "verl")
              for name, fn in _core_algos().ADV_ESTIMATOR_REGISTRY.items()}
@@ -126,7 +138,7 @@ def estimators(registry: "Registry") -> dict[str, Estimator]:
     return table
 
 
-def resolve_estimator(name: str, registry: "Registry", params: dict[str, Any] | None = None) -> Estimator:
+def resolve_estimator(name: str, registry: "PluginTable", params: dict[str, Any] | None = None) -> Estimator:
     """The estimator ``name`` with its checked ``algorithm.estimator_params`` bound."""
     table = estimators(registry)
     if name not in table:
@@ -136,14 +148,14 @@ def resolve_estimator(name: str, registry: "Registry", params: dict[str, Any] | 
     return dataclasses.replace(estimator, fn=functools.partial(estimator.fn, **kwargs)) if kwargs else estimator
 
 
-def policy_losses(registry: "Registry") -> dict[str, Callable[..., Any]]:
+def policy_losses(registry: "PluginTable") -> dict[str, Callable[..., Any]]:
     """Every policy loss by name: plugins first, then verl's ``POLICY_LOSS_REGISTRY``."""
     table = dict(_core_algos().POLICY_LOSS_REGISTRY)
     table.update({name: registry.get("policy_losses", name) for name in registry.names("policy_losses")})
     return table
 
 
-def resolve_policy_loss(name: str, registry: "Registry", where: str = "algorithm.loss",
+def resolve_policy_loss(name: str, registry: "PluginTable", where: str = "algorithm.loss",
                         params: dict[str, Any] | None = None,
                         params_where: str = "algorithm.loss_params") -> Callable[..., Any]:
     """The policy loss ``name`` with its checked ``loss_params`` bound."""

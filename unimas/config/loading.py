@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from unimas.config import ExperimentConfig
+from unimas.config.schema import ExperimentConfig
 from unimas.errors import UserError
 
 PATH_OPTIONS = ("path", "init_from")

@@ -4,8 +4,8 @@ Unknown keys are errors everywhere (``extra="forbid"``) so a typo never
 silently falls back to a default. Settings that only one backend understands
 live under ``models.<group>.options`` and are validated by that backend's own
 options model, so a third-party backend adds settings without touching this
-file. Loading, ``--set`` overrides and error formatting: ``unimas.config_file``.
-``docs/config.md`` is generated from these models (``python -m unimas.config_docs``).
+file. Loading, ``--set`` overrides and error formatting: ``unimas.config.loading``.
+``docs/config.md`` is generated from these models (``python -m unimas.preflight.config_reference``).
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from unimas.agent_config import AgentConfig
-from unimas.algorithm_plugin import AlgorithmPlugin
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """Names that become path components (run, model group, adapter): no separators, no `..`, no leading dot."""
@@ -233,6 +231,37 @@ class GraphConfig(Strict):
     max_steps: int = Field(32, ge=1, description="most node runs per episode")
 
 
+class AgentConfig(Strict):
+    """An existing agent program trained through the OpenAI-compatible gateway (docs/gateway.md).
+
+    Per episode it gets the task and a base URL whose ``/chat/completions``
+    turns ``model: <role>`` into a turn of that role.
+    """
+
+    command: Optional[list[str]] = Field(None, description="program run per episode (cwd = where unimas runs): task "
+                                         "JSON on stdin, OPENAI_BASE_URL / OPENAI_API_KEY in its environment, "
+                                         "outcome JSON object as the last line of stdout")
+    function: Optional[str] = Field(None, description="`pkg.module:run`, an `async def run(task, base_url) -> dict` "
+                                    "called per episode in the trainer's process")
+    timeout_s: float = Field(300.0, gt=0, description="an agent running longer is stopped and its episode fails")
+    host: str = Field("127.0.0.1", description="gateway address; wherever it listens, a `command` agent's "
+                      "requests need its episode's own token (given to it as OPENAI_API_KEY); a `function` agent "
+                      "needs a loopback address")
+    port: int = Field(0, ge=0, le=65535, description="gateway port; 0 = a free port")
+    _config_dir: Optional[str] = PrivateAttr(None)
+    """The directory of the config file (set when loaded from one): `function` modules are also looked up there."""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "AgentConfig":
+        if (self.command is None) == (self.function is None):
+            raise ValueError("give exactly one of 'command' (a program) or 'function' (pkg.module:run)")
+        if self.command is not None and not self.command:
+            raise ValueError("'command' is empty: give the program and its arguments, e.g. [python, agent.py]")
+        if self.function is not None and ":" not in self.function:
+            raise ValueError(f"'function' {self.function!r} must look like pkg.module:run")
+        return self
+
+
 class WorkflowConfig(Strict):
     """How one episode runs: a registered Python workflow (``name``), an inline ``graph`` or an ``agent`` program."""
 
@@ -268,6 +297,15 @@ class RewardConfig(Strict):
     weight: float = Field(1.0, description="multiplier of this term in the summed reward")
     roles: Optional[list[str]] = Field(None, description="roles that receive it; default all")
     params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the reward function")
+
+
+class AlgorithmPlugin(BaseModel):
+    """A registered algorithm plugin (rollout control, replay, update order or credit shaper) and its parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., description="registered name (`unimas plugins` lists them)")
+    params: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the plugin's factory")
 
 
 class AlgorithmConfig(Strict):

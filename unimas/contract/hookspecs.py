@@ -14,8 +14,8 @@ and named after the hooks below. unimas finds plugins three ways:
 3. modules named in the experiment config under ``plugins: [my_module]``.
 
 Every hook returns a ``dict`` mapping a public name to an object whose
-shape is the Protocol in :mod:`unimas.protocols` (or, for backends,
-:class:`unimas.protocols.Backend`). Names are global per kind: two plugins that provide
+shape is the Protocol in :mod:`unimas.contract.protocols` (or, for backends,
+:class:`unimas.contract.protocols.Backend`). Names are global per kind: two plugins that provide
 the same workflow name is an error that names both providers. A function
 named ``unimas_*`` that matches no hook below, or one that lacks
 ``@unimas.hookimpl``, is an error too. See ``docs/plugins.md`` for runnable
@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import pluggy
 
-from unimas.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
+from unimas.contract.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
 
 hookspec = pluggy.HookspecMarker("unimas")
 
@@ -171,7 +171,7 @@ def unimas_estimators() -> dict[str, EstimatorFn]:
     provide makes it unusable — both are rejected by ``unimas validate``.
     Keyword-only arguments (after ``*``) are the estimator's own parameters,
     set with ``algorithm.estimator_params`` and checked against their type
-    annotations (:mod:`unimas.plugin_params`).
+    annotations (:mod:`unimas.config.plugin_params`).
 
     Example::
 
@@ -197,7 +197,7 @@ def unimas_policy_losses() -> dict[str, PolicyLossFn]:
     on ``(turns, tokens)`` tensors; ``config`` is a verl ``ActorConfig`` with
     the clip ratios. ``algorithm.loss`` (or ``models.<group>.algorithm.loss``)
     names it; unimas adds the entropy bonus and the KL term around it (see
-    :func:`unimas.algorithms.compose_loss`), in every backend. Keyword-only
+    :func:`unimas.algorithms.functions.compose_loss`), in every backend. Keyword-only
     arguments (after ``*``) are the loss's own parameters, set with
     ``algorithm.loss_params`` and checked against their type annotations.
 
@@ -248,7 +248,7 @@ def unimas_backends() -> dict[str, Backend]:
 # ``params`` (``algorithm.<key>.params``) are checked before anything runs against a pydantic model made
 # from the factory's annotated signature, or against the model in its ``params`` attribute; untyped
 # parameters (and the extra names of a factory with ``**kwargs``) pass through unchecked
-# (:mod:`unimas.plugin_params`, docs/algorithms.md "Typed parameters").
+# (:mod:`unimas.config.plugin_params`, docs/algorithms.md "Typed parameters").
 
 
 @hookspec
@@ -257,7 +257,7 @@ def unimas_rollout_controls() -> dict[str, Callable[..., Any]]:
 
     ``factory(**params)`` returns an object with
     ``async def rollout(session, specs) -> list[GraphTrajectory]`` (see
-    :mod:`unimas.rollout`): it turns a step's episode specs into trajectories,
+    :mod:`unimas.training.rollout`): it turns a step's episode specs into trajectories,
     and may fork recorded episodes at a turn (``await session.fork([(parent,
     k, siblings)])``), score them early (``session.score``) and spend more or
     fewer samples per task. A control that forks sets ``uses_forks = True``
@@ -283,8 +283,8 @@ def unimas_replay_buffers() -> dict[str, Callable[..., Any]]:
 
     ``factory(**params)`` returns an object with ``observe(trajectories,
     step)``, ``revisit(specs, step) -> specs`` and ``mix(fresh, session) ->
-    list[GraphTrajectory]`` (see :mod:`unimas.replay`); mixed-in episodes are
-    made with :func:`unimas.replay.replayed_copy`, which records each turn's
+    list[GraphTrajectory]`` (see :mod:`unimas.training.replay`); mixed-in episodes are
+    made with :func:`unimas.training.replay.replayed_copy`, which records each turn's
     staleness.
 
     Example::
@@ -300,7 +300,7 @@ def unimas_replay_buffers() -> dict[str, Callable[..., Any]]:
                 return specs
 
             def mix(self, fresh, session):
-                return [unimas.replay.replayed_copy(t, born, session.step, f"{t.episode_id}/r")
+                return [unimas.training.replay.replayed_copy(t, born, session.step, f"{t.episode_id}/r")
                         for t, born in self.kept[:2]]
 
         @unimas.hookimpl
@@ -316,7 +316,7 @@ def unimas_update_orders() -> dict[str, Callable[..., Any]]:
     ``factory(**params)`` returns an object with ``stages(execution) ->
     list[list[role]]`` (``execution``: roles in the order they first acted)
     and ``adjust(role, turns, done) -> turns``, called before each stage with
-    the statistics of the roles already updated (see :mod:`unimas.update_order`).
+    the statistics of the roles already updated (see :mod:`unimas.training.update_order`).
 
     Example::
 
@@ -338,7 +338,7 @@ def unimas_credit_shapers() -> dict[str, Callable[..., Any]]:
     """Return credit shapers by name (``algorithm.credit``).
 
     ``factory(**params)`` returns ``shape(turns) -> list[float]``: given a
-    step's trainable :class:`unimas.credit.CreditedTurn` list (turn, its
+    step's trainable :class:`unimas.algorithms.credit.CreditedTurn` list (turn, its
     trajectory, its group ``key``), it returns the per-turn signal the
     estimator receives instead of the summed reward, and may rewrite each
     turn's ``key`` to change what is normalised together. Methods that

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 import pluggy
 
-from unimas import hookspecs
+from unimas.contract import hookspecs
 from unimas.errors import UserError, describe
 
 KINDS = ("workflows", "rewards", "tools", "datasets", "parsers", "estimators", "policy_losses", "backends",

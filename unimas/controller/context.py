@@ -15,7 +15,7 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from unimas.config import RoleConfig
+from unimas.config.schema import RoleConfig
 from unimas.controller.conversation import conversation
 from unimas.controller.router import Router
 from unimas.controller.timeouts import call_with_timeout
@@ -25,7 +25,7 @@ from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 from unimas.workflow.templates import render
 
 if TYPE_CHECKING:
-    from unimas.controller.forking import ReplayPrefix
+    from unimas.controller.specs import ReplayPrefix
 
 
 def node_value(value: Any) -> Any:

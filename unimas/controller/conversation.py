@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from unimas.config import RoleConfig
+from unimas.config.schema import RoleConfig
 from unimas.groups.base import Continuation
 from unimas.trajectory import TurnNode
 

@@ -17,26 +17,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
 
-from unimas.config import RoleConfig
+from unimas.config.schema import RoleConfig
 from unimas.controller.context import EpisodeContext
 from unimas.controller.router import Router
+from unimas.controller.specs import EpisodeSpec
 from unimas.controller.timeouts import Deadlines
 from unimas.errors import ModelGroupError, UserError, describe
 from unimas.trajectory import GraphTrajectory
 
-if TYPE_CHECKING:
-    from unimas.controller.forking import ReplayPrefix
-
 Workflow = Callable[[EpisodeContext, dict], Awaitable[Any]]
-
-
-@dataclass
-class EpisodeSpec:
-    episode_id: str
-    task_uid: str
-    task: dict
-    prefix: Optional["ReplayPrefix"] = None
-    """A fork: turns replayed from a recorded episode before sampling starts (see unimas.controller.forking)."""
 
 
 class Controller:

@@ -15,7 +15,7 @@ out with ``asyncio.gather`` has its other branches already queued to run by
 then, so they join the same batch.
 
 The router does not know how a batch reaches a model: a
-:class:`~unimas.groups.transport.Transport` does that (in-process call, or a
+:class:`~unimas.groups.base.Transport` does that (in-process call, or a
 Ray actor call). One routing code path, several transports.
 """
 
@@ -29,7 +29,7 @@ from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import GenRequest, GenResult
 
 if TYPE_CHECKING:  # the transport module builds model groups (torch); the router only calls one
-    from unimas.groups.transport import Transport
+    from unimas.groups.base import Transport
 
 
 class Router:

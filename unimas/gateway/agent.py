@@ -27,7 +27,7 @@ import shutil
 import sys
 from typing import Any, Awaitable, Callable, Mapping
 
-from unimas.config import AgentConfig, RoleConfig
+from unimas.config.schema import AgentConfig, RoleConfig
 from unimas.controller.context import EpisodeContext
 from unimas.controller.timeouts import bounded
 from unimas.errors import UserError

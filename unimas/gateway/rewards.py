@@ -1,7 +1,7 @@
 """The ``agent_reward`` reward: what the agent posted for its own turns (``POST .../v1/rewards``).
 
 Use it at ``level: turn``; turns the agent did not score get 0. The values go to credit as posted, which clips
-those beyond ±1e6 (``unimas.credit.REWARD_BOUND``), counts them in ``reward/clipped`` and records the originals.
+those beyond ±1e6 (``unimas.algorithms.credit.REWARD_BOUND``), counts them in ``reward/clipped`` and records the originals.
 """
 
 from __future__ import annotations

@@ -19,18 +19,18 @@ from pathlib import Path
 
 import uvicorn
 
-from unimas import checkpoints
-from unimas.config import ExperimentConfig
+from unimas.config.schema import ExperimentConfig
+from unimas.contract.registry import Registry
 from unimas.controller.router import Router
 from unimas.errors import UserError
 from unimas.gateway.app import build_app
-from unimas.gateway.protocol import GatewayError
 from unimas.gateway.guard import allowed_hosts, is_loopback
+from unimas.gateway.protocol import GatewayError
 from unimas.gateway.server import free_port
 from unimas.gateway.sessions import Serving
-from unimas.groups.transport import start_transport
-from unimas.registry import Registry
-from unimas.rundir import RunDir
+from unimas.output import checkpoints
+from unimas.output.rundir import RunDir
+from unimas.runtime.transport import start_transport
 
 TOKEN_ENV = "UNIMAS_SERVE_TOKEN"
 """The API key clients must send when the server listens beyond loopback (generated when unset)."""

@@ -24,7 +24,7 @@ from typing import Iterator, Mapping
 
 import uvicorn
 
-from unimas.config import RoleConfig
+from unimas.config.schema import RoleConfig
 from unimas.controller.context import EpisodeContext
 from unimas.errors import UserError
 from unimas.gateway.app import build_app

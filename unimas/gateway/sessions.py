@@ -14,10 +14,10 @@ import re
 import secrets
 from typing import Any, Callable, Coroutine, Mapping
 
-from unimas.config import RoleConfig
+from unimas.algorithms.credit import clip_reward, is_finite_number
+from unimas.config.schema import RoleConfig
 from unimas.controller.context import EpisodeContext, PromptTooLong, RequestRefused, UnsupportedControl
 from unimas.controller.router import Router
-from unimas.credit import clip_reward, is_finite_number
 from unimas.gateway.protocol import ChatCall, GatewayError, answer_parts, format_error
 from unimas.gateway.responses import ResponseHistory
 from unimas.gateway.tool_calls import called_turn_ids

@@ -9,7 +9,7 @@ GPUs, or an API endpoint.
 
 A backend is a class with a pydantic ``options`` model (its settings under
 ``models.<group>.options``, validated by the backend itself) and a ``build``
-classmethod; see :class:`unimas.protocols.Backend`.
+classmethod; see :class:`unimas.contract.protocols.Backend`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from unimas.config import AlgorithmConfig, GenerationConfig, ModelGroupConfig
+from unimas.config.schema import AlgorithmConfig, GenerationConfig, ModelGroupConfig
 
 
 @dataclass
@@ -148,7 +148,7 @@ class TrainTurn:
     """One advantage per response token (a critic's GAE, set inside the group, or the centralized critic's,
     set by the trainer); None: ``advantage`` on every token."""
     context: str = ""
-    """For the centralized critic only: the episode before this turn, rendered as text (``unimas.central_critic``);
+    """For the centralized critic only: the episode before this turn, rendered as text (``unimas.training.central_critic``);
     the critic reads its tokens before ``prompt_ids``."""
 
 
@@ -187,7 +187,7 @@ class GroupSpec:
     policy_loss: Any = None
     """The resolved policy-loss function (plugin or verl) for ``algorithm.loss``."""
     estimator: Any = None
-    """The resolved estimator (:class:`unimas.algorithms.Estimator`) when the group has a critic: it computes
+    """The resolved estimator (:class:`unimas.algorithms.functions.Estimator`) when the group has a critic: it computes
     token-level advantages from the critic's values inside the group."""
     total_updates: int = 0
     """Updates the run will make (``trainer.steps``): the horizon of learning-rate schedules."""
@@ -233,3 +233,29 @@ class ModelGroup(ABC):
         Garbage collection is too late for them: a second run in the same
         process would find their names and placement groups still taken.
         """
+
+
+class Transport(Protocol):
+    """How the hub reaches the spokes: every call on a model group, in process or remote (:mod:`unimas.runtime`)."""
+
+    async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
+        """Results in request order; one result per request."""
+
+    async def update(self, group: str, turns: list[TrainTurn]) -> dict[str, float]:
+        """One update of ``group`` on its turns; the group's metrics."""
+
+    async def critique(self, group: str, turns: list[TrainTurn]) -> Critique:
+        """The centralized critic group's per-token advantages for every role's turns, and one critic update."""
+
+    async def score(self, group: str, turns: list[TrainTurn]) -> list[float]:
+        """Each turn's response log-probability under the group's current weights (sequential update orders)."""
+
+    async def save(self, group: str, directory: Path) -> None: ...
+
+    async def load(self, group: str, directory: Path) -> None: ...
+
+    async def restart(self, group: str, checkpoint: Path | None) -> None:
+        """Replace the group by a fresh one from ``checkpoint`` (initial weights when None)."""
+
+    def shutdown(self) -> None:
+        """Stop every group (and a Ray instance this transport started). Idempotent."""

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from unimas.config import ExperimentConfig
+from unimas.config.schema import ExperimentConfig
 from unimas.errors import UserError
-from unimas.rundir import COMPLETE, RunDir
+from unimas.output.rundir import COMPLETE, RunDir
 
 MANIFEST = "manifest.json"
 ABSENT = "(not set)"

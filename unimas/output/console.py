@@ -31,8 +31,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from unimas.config import ExperimentConfig
-from unimas.rundir import RunDir
+from unimas.config.schema import ExperimentConfig
+from unimas.output.rundir import RunDir
 
 ROLE_COLUMNS = [("reward", "reward_mean"), ("adv std", "advantage_std"), ("len", "response_length"),
                 ("fmt err", "format_error_rate")]

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from typing import Any, Literal, Protocol
 
-from unimas.config import ExperimentConfig
-from unimas.console import ConsoleLogger
+from unimas.config.schema import ExperimentConfig
 from unimas.errors import UserError
-from unimas.rundir import RunDir
+from unimas.output.console import ConsoleLogger
+from unimas.output.rundir import RunDir
 
 
 class Logger(Protocol):

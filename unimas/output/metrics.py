@@ -10,9 +10,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from unimas.config import ExperimentConfig
-from unimas.credit import reward_keys
-from unimas.jsonl import text_lines
+from unimas.algorithms.credit import reward_keys
+from unimas.config.schema import ExperimentConfig
+from unimas.output.jsonl import text_lines
 from unimas.trajectory import GraphTrajectory
 
 

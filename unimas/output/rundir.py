@@ -10,7 +10,7 @@
       checkpoints/step_000050/    one dir per model group + trainer_state.json + manifest.json
                                   (+ pending_rollouts.jsonl, replay_state.json, snapshot_pools.json
                                   when the run has them) + COMPLETE (written last: marks a finished checkpoint)
-      snapshots/<group>/step_N/   a snapshot pool's weights (unimas/snapshots.py)
+      snapshots/<group>/step_N/   a snapshot pool's weights (unimas/training/snapshots.py)
       checkpoints/damaged-step_N/ a damaged checkpoint a resume skipped (kept for inspection)
       report.html, plots/*.png    written by `unimas report`
 

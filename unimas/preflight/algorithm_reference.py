@@ -2,7 +2,7 @@
 
 The part of ``docs/algorithms.md`` between :data:`BEGIN` and :data:`END` is
 generated from the built-in plugins' declared parameters
-(:mod:`unimas.plugin_params`); run ``python -m unimas.algorithm_docs`` to
+(:mod:`unimas.config.plugin_params`); run ``python -m unimas.preflight.algorithm_reference`` to
 rewrite it. ``tests/test_config_docs.py`` fails when it is stale.
 """
 
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from unimas.config_docs import constraints, default_text, type_name
-from unimas.plugin_params import ParamsSpec, params_spec
-from unimas.registry import Registry, build_registry, singular
+from unimas.config.plugin_params import ParamsSpec, params_spec
+from unimas.contract.registry import Registry, build_registry, singular
+from unimas.preflight.config_reference import constraints, default_text, type_name
 
-REGENERATE = "python -m unimas.algorithm_docs"
+REGENERATE = "python -m unimas.preflight.algorithm_reference"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "algorithms.md"
 BEGIN = "<!-- BEGIN GENERATED: algorithm parameters -->"
 END = "<!-- END GENERATED: algorithm parameters -->"

@@ -1,8 +1,8 @@
 """Generate ``docs/config.md`` from the pydantic config models.
 
-Run ``python -m unimas.config_docs > docs/config.md``; ``tests/test_config_docs.py``
+Run ``python -m unimas.preflight.config_reference > docs/config.md``; ``tests/test_config_docs.py``
 fails when the committed file differs from :func:`render`. The walk starts at
-:class:`~unimas.config.ExperimentConfig` and follows every field whose type holds
+:class:`~unimas.config.schema.ExperimentConfig` and follows every field whose type holds
 a model (directly, optional, or as the values of a mapping / items of a list),
 writing one section per model in tree order. Backend settings under
 ``models.<group>.options`` are validated by each backend's own options model, so
@@ -21,9 +21,9 @@ from annotated_types import Ge, Gt, Le, Lt, MaxLen, MinLen
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from unimas.config import ExperimentConfig
+from unimas.config.schema import ExperimentConfig
 
-REGENERATE = "python -m unimas.config_docs > docs/config.md"
+REGENERATE = "python -m unimas.preflight.config_reference > docs/config.md"
 
 PLACEHOLDERS = {"models": "group", "roles": "role", "nodes": "node"}
 """Mapping fields whose keys are user-chosen names: ``models.<group>``, ..."""
@@ -179,10 +179,10 @@ def render() -> str:
     lines = [
         "# Config reference",
         "",
-        "<!-- Generated from the pydantic models in unimas/config.py and the built-in backends' options models;",
+        "<!-- Generated from the pydantic models in unimas/config/schema.py and the built-in backends' options models;",
         f"     do not edit. Regenerate with: {REGENERATE} -->",
         "",
-        "This file is generated from the code (`unimas/config.py`); regenerate it with "
+        "This file is generated from the code (`unimas/config/schema.py`); regenerate it with "
         f"`{REGENERATE}`. A test fails when it is stale.",
         "",
         "Keys are YAML paths: `<group>`, `<role>` and `<node>` stand for names you choose, `[]` for each item "
@@ -197,7 +197,7 @@ def render() -> str:
         "## Backend options",
         "",
         "`models.<group>.options` is validated by the group's backend (`models.<group>.backend`), not by "
-        "`unimas.config`, so a plugin backend brings its own settings (see its documentation and "
+        "`unimas.config.schema`, so a plugin backend brings its own settings (see its documentation and "
         "`unimas plugins`). The built-in backends:",
         "",
     ]

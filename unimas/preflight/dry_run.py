@@ -16,15 +16,17 @@ import string
 from collections import Counter
 from dataclasses import dataclass, field
 
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.controller.episodes import Controller
+
+from unimas.algorithms.credit import CreditAssigner, reward_keys
+from unimas.contract.protocols import stand_in_vocabulary
 from unimas.controller.router import Router
-from unimas.credit import CreditAssigner, reward_keys
+from unimas.controller.specs import EpisodeSpec
 from unimas.errors import UserError
-from unimas.experiment import Experiment
 from unimas.groups.base import GenRequest, GenResult, ModelGroup, TrainTurn
-from unimas.groups.build import backend_options, group_seed
-from unimas.groups.local import LocalTransport
-from unimas.protocols import stand_in_vocabulary
+from unimas.runtime.build import backend_options, group_seed
+from unimas.runtime.local import LocalTransport
+from unimas.training.experiment import Experiment
 from unimas.trajectory import GraphTrajectory
 
 FALLBACK_VOCABULARY = list(string.ascii_letters + string.digits + string.punctuation + " ")

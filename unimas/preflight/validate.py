@@ -12,14 +12,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from unimas import algorithms, central_critic, plugin_params
-from unimas.config import ExperimentConfig, RoleConfig
+from unimas.algorithms import functions as algorithms
+
+from unimas.training import central_critic
+
+from unimas.config import plugin_params
+from unimas.config.schema import ExperimentConfig, RoleConfig
+from unimas.contract.registry import Registry, build_registry, singular
 from unimas.errors import UserError
-from unimas.experiment import Experiment, make_parser
-from unimas.groups.build import backend_options
 from unimas.groups.verl import plan as verl_plan
-from unimas.registry import Registry, build_registry, singular
 from unimas.report.data import model_mapping
+from unimas.runtime.build import backend_options
+from unimas.training.experiment import Experiment, make_parser
 from unimas.workflow.graph import check_graph
 from unimas.workflow.templates import render, template_fields
 
@@ -170,7 +174,7 @@ def _critic_problems(config: ExperimentConfig, registry: Registry, needs_values:
 
 def _params_problems(obj: Any, name: str, params: dict[str, Any], where: str,
                      keyword_only: bool = False) -> list[tuple[str, str]]:
-    """The config's params checked against what ``obj`` declares (:mod:`unimas.plugin_params`)."""
+    """The config's params checked against what ``obj`` declares (:mod:`unimas.config.plugin_params`)."""
     try:
         return plugin_params.params_spec(obj, name, keyword_only=keyword_only).check(params, where)[1]
     except UserError as exc:  # the plugin's annotations cannot be read

@@ -3,6 +3,8 @@
 ``write_report`` only reads the run directory, so it works on a finished
 run, a running one, one that was killed mid-way and one that is damaged:
 what cannot be read is skipped, named on the page and in a warning line.
+
+May import: errors, output.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ import sys
 from pathlib import Path
 
 from unimas.errors import UserError
+from unimas.output.rundir import RunDir
 from unimas.report.data import load_run
-from unimas.rundir import RunDir
 
 
 def write_report(run_dir: Path) -> Path:

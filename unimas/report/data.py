@@ -150,7 +150,7 @@ def _names(records: list[dict[str, Any]], prefix: str, part: int) -> list[str]:
 
 
 def _primary_reward(rewards: list[dict[str, Any]]) -> str | None:
-    """The first trajectory-level reward, keyed the way ``unimas.credit.reward_keys`` names it."""
+    """The first trajectory-level reward, keyed the way ``unimas.algorithms.credit.reward_keys`` names it."""
     names = [r.get("name") if isinstance(r, dict) else None for r in rewards]
     for index, spec in enumerate(rewards):
         if isinstance(spec, dict) and spec.get("level", "trajectory") == "trajectory":

@@ -16,8 +16,8 @@ from typing import IO, Any, Callable, Iterator
 import yaml
 
 from unimas.errors import UserError
-from unimas.jsonl import text_lines
-from unimas.metrics import read_metrics
+from unimas.output.jsonl import text_lines
+from unimas.output.metrics import read_metrics
 
 Note = Callable[[int | None, str], None]
 """``note(line number or None, why)``: records one damaged part of one file."""

@@ -6,11 +6,11 @@ import zlib
 
 from pydantic import ValidationError
 
-from unimas import algorithms
-from unimas.config import ExperimentConfig
+from unimas.algorithms import functions as algorithms
+from unimas.config.schema import ExperimentConfig
+from unimas.contract.registry import Registry
 from unimas.errors import UserError
 from unimas.groups.base import GroupSpec, ModelGroup
-from unimas.registry import Registry
 
 
 def adapters_of(config: ExperimentConfig, group: str) -> list[str]:

@@ -18,11 +18,11 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from unimas.config import ExperimentConfig
+from unimas.config.schema import ExperimentConfig
+from unimas.contract.registry import Registry
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import Critique, GenRequest, GenResult, ModelGroup, TrainTurn
-from unimas.groups.build import build_group
-from unimas.registry import Registry
+from unimas.runtime.build import build_group
 
 
 class LocalTransport:

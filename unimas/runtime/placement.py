@@ -10,7 +10,7 @@ may choose other nodes; the plan proves that a placement exists.
 
 from __future__ import annotations
 
-from unimas.config import ExperimentConfig, ModelGroupConfig
+from unimas.config.schema import ExperimentConfig, ModelGroupConfig
 from unimas.errors import UserError
 from unimas.groups.verl import plan as verl_plan
 

@@ -1,7 +1,7 @@
 """The Ray transport: every model group is a Ray actor; the controller keeps thin records.
 
-``RayTransport`` implements :class:`~unimas.groups.transport.Transport`
-like :class:`~unimas.groups.local.LocalTransport`, so the trainer, the router
+``RayTransport`` implements :class:`~unimas.groups.base.Transport`
+like :class:`~unimas.runtime.local.LocalTransport`, so the trainer, the router
 and the controller do not know which one they drive. Routing and
 micro-batching stay in the hub's :class:`~unimas.controller.router.Router`;
 this module only moves a batch to the group's actor and the answer back.
@@ -40,15 +40,15 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from unimas.config import ExperimentConfig, RuntimeConfig
-from unimas.config_file import config_from_dict
+from unimas.config.loading import config_from_dict
+from unimas.config.schema import ExperimentConfig, RuntimeConfig
+from unimas.contract.registry import build_registry
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import Critique, GenRequest, GenResult, TrainTurn
-from unimas.groups.build import build_group
-from unimas.groups.placement import placement_plan
 from unimas.groups.verl import plan as verl_plan
 from unimas.process import torch_setup
-from unimas.registry import build_registry
+from unimas.runtime.build import build_group
+from unimas.runtime.placement import placement_plan
 
 log = logging.getLogger(__name__)
 

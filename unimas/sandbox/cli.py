@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from unimas.errors import UserError
-from unimas.sandbox import SandboxLimits, run_python
+from unimas.sandbox.runner import SandboxLimits, run_python
 
 
 def cli_command(args) -> int:

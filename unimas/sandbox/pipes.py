@@ -1,6 +1,6 @@
 """The pipes and process group of one sandboxed run: capped capture, stdin feeding, killing the group.
 
-Kept apart from :mod:`unimas.sandbox` (which decides *how* code is isolated)
+Kept apart from :mod:`unimas.sandbox.runner` (which decides *how* code is isolated)
 because these parts only move bytes and signals.
 """
 

@@ -7,7 +7,7 @@ The isolation comes from bubblewrap (``bwrap``, the Debian/Ubuntu package
   network at all, the code sees only its own processes, and it runs as an
   unprivileged uid (when unimas runs as root, the sandbox is started as
   ``nobody`` so that the kernel's process-count limit applies);
-* no Unix socket of the host: a seccomp filter (:mod:`unimas.sandbox_seccomp`,
+* no Unix socket of the host: a seccomp filter (:mod:`unimas.sandbox.seccomp`,
   built with libseccomp, installed by ``bwrap --seccomp``) refuses to create
   Unix sockets, so no daemon's socket file is reachable wherever it lies in
   the host tree, and abstract sockets stay behind the network namespace.
@@ -52,9 +52,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import PurePosixPath
 
-from unimas import sandbox_seccomp
 from unimas.errors import UserError
-from unimas.sandbox_io import Capture, feed, kill_group
+from unimas.sandbox import seccomp as sandbox_seccomp
+from unimas.sandbox.pipes import Capture, feed, kill_group
 
 STATUSES = ("ok", "error", "timeout", "memory", "refused")
 MAX_SOURCE_BYTES = 1 << 20          # source plus extra files; bigger inputs are refused

@@ -44,7 +44,7 @@ it is one BPE token); and re-encoding decoded ids may give other ids
 given ``tools`` it answers with a Hermes ``<tool_call>`` block calling the
 first listed function, given a tool result it answers with that result.
 
-Run ``python -m unimas.tiny_chat DIR [--hidden-size 768 --layers 12 --heads 12] [--tool-calls]``.
+Run ``python -m unimas.testing.tiny_chat DIR [--hidden-size 768 --layers 12 --heads 12] [--tool-calls]``.
 """
 
 from __future__ import annotations
@@ -376,7 +376,7 @@ def chat_ids(tokenizer: Any, messages: Sequence[dict], **kwargs: Any) -> list[in
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unimas.tiny_chat", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m unimas.testing.tiny_chat", description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)

@@ -41,14 +41,14 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
-from unimas.groups.build import backend_options
+from unimas.runtime.build import backend_options
 
 if TYPE_CHECKING:  # `unimas validate` imports this module: no transport (model groups, torch) or credit here
-    from unimas.config import ExperimentConfig
-    from unimas.credit import CreditedTurn
+    from unimas.algorithms.credit import CreditedTurn
+    from unimas.config.schema import ExperimentConfig
+    from unimas.contract.registry import Registry
     from unimas.groups.base import TrainTurn
-    from unimas.groups.transport import Transport
-    from unimas.registry import Registry
+    from unimas.groups.base import Transport
     from unimas.trajectory import GraphTrajectory, TurnNode
 
 CONTEXT_LINE = "{role}: {text}\n"

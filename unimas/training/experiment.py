@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from unimas.algorithms import Estimator, resolve_estimator
-from unimas.config import ExperimentConfig, ParserConfig
-from unimas.credit import reward_keys
+from unimas.algorithms.credit import reward_keys
+from unimas.algorithms.functions import Estimator, resolve_estimator
+from unimas.config.schema import ExperimentConfig, ParserConfig
+from unimas.contract.registry import Registry, build_registry
 from unimas.errors import UserError, describe
-from unimas.registry import Registry, build_registry
 from unimas.workflow.graph import make_graph_workflow
 
 

@@ -35,8 +35,8 @@ from typing import Any, Awaitable, Callable, Collection
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from unimas.config import ExperimentConfig
-from unimas.credit import CreditedTurn
+from unimas.algorithms.credit import CreditedTurn
+from unimas.config.schema import ExperimentConfig
 from unimas.errors import UserError
 from unimas.safe_load import parse_json_line, reading
 from unimas.trajectory import GraphTrajectory
@@ -158,7 +158,7 @@ class WeightVersions:
         dropped: dict[str, int] = defaultdict(int)
         for c in credited:
             group = self.config.roles[c.turn.role].model
-            if c.turn.staleness > 0:  # mixed in by replay (unimas/replay.py), on purpose: kept, as recorded
+            if c.turn.staleness > 0:  # mixed in by replay (unimas/training/replay.py), on purpose: kept, as recorded
                 seen[group].append(c.turn.staleness)
                 kept.append(c)
                 continue

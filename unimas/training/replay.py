@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from unimas.controller.episodes import EpisodeSpec
+from unimas.controller.specs import EpisodeSpec
 from unimas.trajectory import GraphTrajectory
 
 if TYPE_CHECKING:
-    from unimas.rollout import RolloutSession
+    from unimas.training.session import RolloutSession
 
 
 class ReplayBuffer(Protocol):

@@ -7,7 +7,7 @@ takes over the episodes: it gets a :class:`RolloutSession` that runs specs,
 forks recorded episodes at a turn (:mod:`unimas.controller.forking`) and
 scores episodes early (reward allocation), so it can branch where outcomes
 are mixed or the policy is unsure, or spend more samples on some tasks. An
-``algorithm.replay`` plugin (:mod:`unimas.replay`) then revisits stored tasks
+``algorithm.replay`` plugin (:mod:`unimas.training.replay`) then revisits stored tasks
 and mixes stored episodes into the step's groups. ``algorithm.credit`` and
 ``algorithm.update_order`` are resolved here too, so the trainer holds one
 object for all algorithm plugins.
@@ -21,20 +21,21 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from unimas import plugin_params
-from unimas.controller.episodes import Controller, EpisodeSpec
-from unimas.controller.forking import fork_specs
+from unimas.config import plugin_params
+from unimas.contract.registry import singular
+from unimas.controller.episodes import Controller
+from unimas.controller.specs import EpisodeSpec
 from unimas.errors import UserError
-from unimas.registry import singular
 from unimas.safe_load import load_json, reading
+from unimas.training.session import RolloutSession
 from unimas.trajectory import GraphTrajectory
 
 if TYPE_CHECKING:
-    from unimas.config import AlgorithmPlugin
-    from unimas.credit import CreditAssigner
-    from unimas.experiment import Experiment
-    from unimas.replay import ReplayBuffer
-    from unimas.update_order import UpdateOrder
+    from unimas.algorithms.credit import CreditAssigner
+    from unimas.config.schema import AlgorithmPlugin
+    from unimas.training.experiment import Experiment
+    from unimas.training.replay import ReplayBuffer
+    from unimas.training.update_order import UpdateOrder
 
 REPLAY_STATE = "replay_state.json"
 """In a checkpoint: the replay buffer's contents and the last step's episodes it has yet to observe."""
@@ -53,43 +54,6 @@ class RolloutControl(Protocol):
     """``await control.rollout(session, specs)``: the step's trajectories (forks included) for ``specs``."""
 
     async def rollout(self, session: "RolloutSession", specs: list[EpisodeSpec]) -> list[GraphTrajectory]: ...
-
-
-class RolloutSession:
-    """A rollout control's handle on one step: run, fork and score episodes."""
-
-    def __init__(self, controller: Controller, credit: "CreditAssigner", step: int, group_size: int):
-        self.controller = controller
-        self.credit = credit
-        self.step = step
-        self.group_size = group_size
-
-    async def run(self, specs: list[EpisodeSpec]) -> list[GraphTrajectory]:
-        return await self.controller.run(specs)
-
-    async def fork(self, forks: Sequence[tuple[GraphTrajectory, int, int]]) -> list[GraphTrajectory]:
-        """Run ``(parent, k, siblings)`` forks concurrently: each sibling replays ``parent``'s first ``k`` turns."""
-        specs = [spec for parent, k, siblings in forks for spec in fork_specs(parent, k, siblings)]
-        return await self.controller.run(specs)
-
-    def score(self, trajectories: Sequence[GraphTrajectory]) -> None:
-        """Allocate rewards now (``turn.reward``), for decisions; credit re-scores them identically later."""
-        self.credit.allocate(trajectories)
-
-
-def episode_return(trajectory: GraphTrajectory) -> float:
-    """One number per scored episode: the mean reward of its turns (0 for a failed or empty one)."""
-    turns = trajectory.turns()
-    if trajectory.failed or not turns:
-        return 0.0
-    return sum(t.reward or 0.0 for t in turns) / len(turns)
-
-
-def by_task(trajectories: Sequence[GraphTrajectory]) -> dict[str, list[GraphTrajectory]]:
-    groups: dict[str, list[GraphTrajectory]] = {}
-    for traj in trajectories:
-        groups.setdefault(traj.task_id, []).append(traj)
-    return groups
 
 
 class Rollout:
@@ -165,7 +129,7 @@ class Rollout:
 
 
 def _build(registry: Any, kind: str, entry: "AlgorithmPlugin | None", where: str) -> Any:
-    """The object a plugin's factory makes from its checked params (:mod:`unimas.plugin_params`).
+    """The object a plugin's factory makes from its checked params (:mod:`unimas.config.plugin_params`).
 
     ``unimas validate`` has checked the params the same way; a factory that
     still refuses them (a check its types do not express) is the user's mistake too.

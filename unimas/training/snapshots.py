@@ -34,12 +34,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
-from unimas.checkpoints import notice
-from unimas.config import ExperimentConfig, SnapshotConfig
+from unimas.config.schema import ExperimentConfig, SnapshotConfig
 from unimas.errors import UserError
+from unimas.groups.base import Transport
 from unimas.groups.torch.checkpoint import check_weights, keep_weights_only
-from unimas.groups.transport import Transport
-from unimas.rundir import RunDir
+from unimas.output.checkpoints import notice
+from unimas.output.rundir import RunDir
 from unimas.safe_load import load_json
 
 SNAPSHOT_PREFIX = "step_"

@@ -7,7 +7,7 @@
         metrics; every `eval_every` steps a greedy evaluation; checkpoints
 
 With ``algorithm.max_staleness > 0`` the episodes of the next steps are
-generated while the groups update (``unimas/pipeline.py``); 0 is the loop above.
+generated while the groups update (``unimas/training/pipeline.py``); 0 is the loop above.
 
 The loop never touches weights: it talks to model groups through a transport
 (in-process or Ray), which is what makes `runtime.kind` a config switch.
@@ -23,25 +23,28 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
-from unimas import central_critic, checkpoints
-from unimas.config import RoleConfig
-from unimas.config_file import dump_config
-from unimas.controller.episodes import Controller, EpisodeSpec
+from unimas.training import central_critic
+
+from unimas.algorithms.credit import CreditAssigner, CreditedTurn
+from unimas.config.loading import dump_config
+from unimas.config.schema import RoleConfig
+from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
-from unimas.credit import CreditAssigner, CreditedTurn
+from unimas.controller.specs import EpisodeSpec
 from unimas.errors import ModelGroupError, TrainingFailed, UserError
-from unimas.experiment import Experiment
 from unimas.groups.base import TrainTurn
-from unimas.groups.transport import Transport
-from unimas.metrics import (
+from unimas.groups.base import Transport
+from unimas.output import checkpoints
+from unimas.training.experiment import Experiment
+from unimas.output.metrics import (
     MetricsWriter,
     evaluation_metrics,
     rollout_metrics,
     throughput_metrics,
 )
-from unimas.pipeline import RolloutPipeline, WeightVersions, pipeline_depth, read_pending
-from unimas.rollout import Rollout
-from unimas.rundir import (
+from unimas.training.pipeline import RolloutPipeline, WeightVersions, pipeline_depth, read_pending
+from unimas.training.rollout import Rollout
+from unimas.output.rundir import (
     TRAINER_STATE,
     RunDir,
     TrainerState,
@@ -50,9 +53,9 @@ from unimas.rundir import (
     read_trainer_state,
     write_trainer_state,
 )
-from unimas.snapshots import SnapshotPools
+from unimas.training.snapshots import SnapshotPools
+from unimas.training.update_order import execution_order, update_groups
 from unimas.trajectory import GraphTrajectory, write_jsonl
-from unimas.update_order import execution_order, update_groups
 
 T = TypeVar("T")
 

@@ -30,7 +30,7 @@ from typing import Mapping, Protocol, Sequence
 
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import TrainTurn
-from unimas.groups.transport import Transport
+from unimas.groups.base import Transport
 
 COUNTERS = frozenset({"weight_version"})
 """Statistics that count updates: after several stages the last value is the group's state, not the mean."""

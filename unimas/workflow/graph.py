@@ -42,7 +42,7 @@ from typing import Any, Awaitable, Callable, Mapping, Optional
 
 import networkx as nx
 
-from unimas.config import GraphConfig, RoleConfig
+from unimas.config.schema import GraphConfig, RoleConfig
 from unimas.errors import UserError
 from unimas.workflow.safe_expr import Expression, ExpressionError, compile_expression
 from unimas.workflow.templates import template_fields

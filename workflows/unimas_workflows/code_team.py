@@ -3,7 +3,7 @@
 ``code_team`` runs ``planner`` once, then up to ``max_rounds`` rounds of
 ``coder`` -> ``run_tests`` (tool) -> ``reflector``, stopping early when every
 test passes (no reflection after the last round). The tool runs the coder's
-program and the task's tests through :func:`unimas.sandbox.run_python`; model
+program and the task's tests through :func:`unimas.sandbox.runner.run_python`; model
 text is never executed, compiled or evaluated in this process — the test
 harness below is a fixed script that runs only inside the sandbox and reports
 through its stdout.
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import unimas
-from unimas import sandbox
 from unimas.errors import UserError
+from unimas.sandbox import runner as sandbox
 
 TOOL = "run_tests"
 MARK_PREFIX = "@@unimas-tests-"

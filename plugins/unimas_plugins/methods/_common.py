@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 from typing import Hashable, Iterable, Sequence
 
-from unimas.rollout import episode_return  # noqa: F401 - one definition of an episode's return for all methods
+from unimas.training.session import episode_return  # noqa: F401 - one definition of an episode's return for all methods
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 

@@ -23,9 +23,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from unimas.controller.episodes import EpisodeSpec
 from unimas.controller.forking import surprisal
-from unimas.rollout import RolloutSession, by_task, episode_return
+from unimas.controller.specs import EpisodeSpec
+from unimas.training.session import RolloutSession, by_task, episode_return
 from unimas.trajectory import GraphTrajectory
 
 

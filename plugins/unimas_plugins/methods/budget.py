@@ -16,8 +16,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from unimas.controller.episodes import EpisodeSpec
-from unimas.rollout import RolloutSession, by_task, episode_return
+from unimas.controller.specs import EpisodeSpec
+from unimas.training.session import RolloutSession, by_task, episode_return
 from unimas.trajectory import GraphTrajectory
 
 

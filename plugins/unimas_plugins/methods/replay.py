@@ -19,9 +19,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, FiniteFloat, NonNegativeInt, PositiveInt, Strict, StrictStr, TypeAdapter
 
-from unimas.controller.episodes import EpisodeSpec
-from unimas.replay import replayed_copy
-from unimas.rollout import RolloutSession, by_task, episode_return
+from unimas.controller.specs import EpisodeSpec
+from unimas.training.replay import replayed_copy
+from unimas.training.session import RolloutSession, by_task, episode_return
 from unimas.trajectory import GraphTrajectory
 
 

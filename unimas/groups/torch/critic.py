@@ -41,13 +41,13 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from unimas import algorithms
-from unimas.groups import role_gae
-from unimas.config import CriticConfig
+from unimas.algorithms import functions as algorithms
+from unimas.config.schema import CriticConfig
 from unimas.errors import UserError
+from unimas.groups import role_gae
 from unimas.groups.base import Critique, GroupSpec, TrainTurn
-from unimas.groups.torch.chars import check_known
 from unimas.groups.torch import optimizer as optim_lib
+from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import PaddedBatch, layout_batch, pad_rows
 from unimas.groups.torch.training import minibatches
 from unimas.safe_load import load_safetensors, load_tensors, reading

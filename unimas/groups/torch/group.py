@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Iterator, Optional, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from unimas.config import GenerationConfig, LoraConfig
+from unimas.config.schema import GenerationConfig, LoraConfig
 from unimas.errors import UserError
 from unimas.groups.base import Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import chat, checkpoint, optimizer, sampling, training

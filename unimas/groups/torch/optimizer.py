@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from unimas.config import OptimConfig
+from unimas.config.schema import OptimConfig
 
 
 def build_optimizer(params: list[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:

@@ -1,6 +1,6 @@
 """The torch backend's settings under ``models.<group>.options``, validated by the backend itself.
 
-They live here, not in ``unimas.config``, because only this backend reads
+They live here, not in ``unimas.config.schema``, because only this backend reads
 them: a tiny char-level model spec means nothing to an API endpoint or to a
 verl worker. Unknown keys are errors, as everywhere in the config.
 """

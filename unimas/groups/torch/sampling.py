@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from unimas.config import GenerationConfig
+from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GenRequest, GenResult
 from unimas.groups.streaming import TextProgress
 from unimas.groups.torch.layout import PaddedBatch

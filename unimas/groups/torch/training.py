@@ -1,7 +1,7 @@
 """Log-probs for training, and the PPO/GRPO update loop.
 
 The objective itself is not written here: every mini-batch calls
-:func:`unimas.algorithms.compose_loss`, the one loss composition all backends
+:func:`unimas.algorithms.functions.compose_loss`, the one loss composition all backends
 share. This module only produces its inputs (current, old and reference
 log-probs, entropies, per-token advantages) and runs the optimiser.
 
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
 
-from unimas import algorithms
-from unimas.config import AlgorithmConfig
+from unimas.algorithms import functions as algorithms
+from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import TrainTurn
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch, pad_rows

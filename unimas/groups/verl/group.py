@@ -6,7 +6,7 @@ in_process``) or on a Ray worker group of ``options.world_size`` ranks
 
 * the **actor**: verl's engine (FSDP2; gloo on CPU through :mod:`.platform`,
   NCCL on GPU) that computes log-probs and runs the PPO/GRPO mini-batch loop.
-  Its loss is :func:`unimas.algorithms.compose_loss`, the composition every
+  Its loss is :func:`unimas.algorithms.functions.compose_loss`, the composition every
   backend shares, fed with unimas's advantages (the credit
   path); verl's own advantage estimators are never called;
 * the **reference** (only with ``kl_coef > 0``): a forward-only
@@ -46,7 +46,7 @@ from typing import Any, ClassVar, Optional
 
 import torch
 
-from unimas.config import GenerationConfig
+from unimas.config.schema import GenerationConfig
 from unimas.errors import UserError
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import chat, sampling

@@ -24,7 +24,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from unimas.config import ExperimentConfig, LoraConfig, ModelGroupConfig
+from unimas.config.schema import ExperimentConfig, LoraConfig, ModelGroupConfig
 
 if TYPE_CHECKING:
     import torch

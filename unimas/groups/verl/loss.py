@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from unimas import algorithms
+from unimas.algorithms import functions as algorithms
 
 
 def unimas_loss(policy_loss: Any, algorithm: Any, model_output: Any, data: Any, dp_group: Any = None):

@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from unimas.config import LoraConfig, OptimConfig
+from unimas.config.schema import LoraConfig, OptimConfig
 from unimas.groups.base import GroupSpec
 from unimas.groups.torch.options import TinyModelConfig, TorchOptions
 from unimas.groups.verl import lora, names

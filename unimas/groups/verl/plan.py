@@ -13,7 +13,7 @@ import math
 
 from pydantic import ValidationError
 
-from unimas.config import ExperimentConfig, ModelGroupConfig
+from unimas.config.schema import ExperimentConfig, ModelGroupConfig
 from unimas.groups.verl import lora
 from unimas.groups.verl.options import VerlOptions
 

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Iterable, Optional, Sequence, TypeVar
 import torch
 from transformers import AutoModelForCausalLM
 
-from unimas.config import GenerationConfig
+from unimas.config.schema import GenerationConfig
 from unimas.groups.torch import sampling
 from unimas.groups.torch.layout import layout_batch
 from unimas.groups.verl import lora

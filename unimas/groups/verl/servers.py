@@ -32,7 +32,7 @@ from typing import Any, Iterable, Optional, Sequence
 import ray
 import torch
 
-from unimas.config import GenerationConfig
+from unimas.config.schema import GenerationConfig
 from unimas.errors import UserError
 from unimas.groups.verl import lora, names
 from unimas.groups.verl.options import SERVER_ROLLOUT
