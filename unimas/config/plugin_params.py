@@ -27,6 +27,8 @@ import functools
 import inspect
 import json
 import sys
+import types
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -145,8 +147,9 @@ def _evaluated(annotation: Any, obj: Callable[..., Any], name: str) -> Any:
     """
     if not isinstance(annotation, str):
         return annotation
+    holder = types.SimpleNamespace(__annotations__={"value": annotation})
     try:
-        return eval(annotation, _namespace(obj))  # noqa: S307 - the plugin's own annotation, as inspect evaluates it
+        return typing.get_type_hints(holder, globalns=_namespace(obj), include_extras=True)["value"]
     except (NameError, SyntaxError, TypeError, AttributeError) as exc:  # the plugin's bug
         raise UserError(f"cannot read the parameter types of '{name}': {type(exc).__name__}: {exc}",
                         where=_location(obj)) from None

@@ -1,7 +1,7 @@
 """A verl group's checkpoint on disk, in formats that load without unpickling anything.
 
 verl's own checkpoint manager writes ``torch.save`` pickles of arbitrary
-objects and reads them back with ``torch.load(weights_only=False)``, so a
+objects and reads them back with full unpickling (``weights_only`` off), so a
 planted file would run code on resume, eval or serve. unimas never calls it.
 The group writes ``unimas_group.json`` (backend, weight version, ranks; read
 through a pydantic schema) and ``rollout_rng.pt`` (the rollout's sampling
