@@ -235,19 +235,25 @@ def confined(request, monkeypatch) -> str:
 
 # -- no request can stop the run ---------------------------------------------------------------------------------
 
-def test_a_lone_surrogate_fails_its_episode_and_the_run_goes_on(chat_model, tmp_path, capfd):
+def train_two_agent_program(model: Path, tmp_path: Path, name: str, agent: str) -> list:
+    """One training step of examples/gateway/two_agents.yaml with ``agent`` as the program (4 tasks, 2 episodes
+    each) on ``model``; must exit 0; the trajectories it recorded."""
     text = (REPO / "examples/gateway/two_agents.yaml").read_text()
-    text = text.replace("options: {path: ../models/tiny-chat}", f"options: {{path: {chat_model}}}")
+    text = text.replace("options: {path: ../models/tiny-chat}", f"options: {{path: {model}}}")
     text = text.replace("command: [python, examples/gateway/two_agents.py]",
-                        f"command: [{sys.executable}, {program(tmp_path, 'surrogate', SURROGATE_AGENT)}]")
+                        f"command: [{sys.executable}, {program(tmp_path, name, agent)}]")
     text = text.replace("params: {targets: abcdefgh}", "params: {targets: abcd}")
-    config = tmp_path / "surrogate.yaml"
+    config = tmp_path / f"{name}.yaml"
     config.write_text(text)
     run = tmp_path / "run"
     settings = ["trainer.steps=1", "trainer.tasks_per_step=4", "algorithm.group_size=2", "trainer.eval_every=0",
                 "logging.console=false", "logging.report=false"]
     assert main(["train", str(config), "--run-dir", str(run), *[a for s in settings for a in ("--set", s)]]) == 0
-    trajectories = read_jsonl(run / "trajectories/train.jsonl")
+    return read_jsonl(run / "trajectories/train.jsonl")
+
+
+def test_a_lone_surrogate_fails_its_episode_and_the_run_goes_on(chat_model, tmp_path, capfd):
+    trajectories = train_two_agent_program(chat_model, tmp_path, "surrogate", SURROGATE_AGENT)
     poisoned = [t for t in trajectories if t.task["target"] == "a"]
     assert poisoned and all(t.failed and not t.turns() for t in poisoned)  # refused: nothing reached a model
     for trajectory in poisoned:
@@ -263,19 +269,8 @@ def test_messages_the_chat_template_cannot_render_fail_their_episode_and_the_run
                                                                                          capfd):
     """A template's raise_exception on one agent's messages fails that request (400 naming the problem) and its
     episode, never the batch it was generated in: the other episodes' turns are sampled, the run exits 0."""
-    model = strict_model(chat_model, tmp_path)
-    text = (REPO / "examples/gateway/two_agents.yaml").read_text()
-    text = text.replace("options: {path: ../models/tiny-chat}", f"options: {{path: {model}}}")
-    text = text.replace("command: [python, examples/gateway/two_agents.py]",
-                        f"command: [{sys.executable}, {program(tmp_path, 'unrenderable', UNRENDERABLE_AGENT)}]")
-    text = text.replace("params: {targets: abcdefgh}", "params: {targets: abcd}")
-    config = tmp_path / "unrenderable.yaml"
-    config.write_text(text)
-    run = tmp_path / "run"
-    settings = ["trainer.steps=1", "trainer.tasks_per_step=4", "algorithm.group_size=2", "trainer.eval_every=0",
-                "logging.console=false", "logging.report=false"]
-    assert main(["train", str(config), "--run-dir", str(run), *[a for s in settings for a in ("--set", s)]]) == 0
-    trajectories = read_jsonl(run / "trajectories/train.jsonl")
+    trajectories = train_two_agent_program(strict_model(chat_model, tmp_path), tmp_path, "unrenderable",
+                                           UNRENDERABLE_AGENT)
     broken = [t for t in trajectories if t.task["target"] == "a"]
     assert broken and all(t.failed and not t.turns() for t in broken)
     for trajectory in broken:
