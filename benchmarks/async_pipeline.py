@@ -4,15 +4,18 @@ Two CPU tasks: the 2-role signalling game (``quickstart``: speaker and
 listener on one shared tiny model) and the 3-role relay of
 ``benchmarks/overhead.py`` (speaker -> relay -> listener, one model each).
 Each runs ``--steps`` training steps with ``algorithm.max_staleness`` 0 (the
-synchronous loop), 1 and 2, from the same seed, so every variant samples the
-same number of episodes (equal sampled tokens up to response lengths).
+synchronous loop), 1 and 2, and ``--process-staleness`` (default 1) with
+``models.<g>.options.rollout_process: true`` on every group (sampling in a
+child process per group, ``unimas/groups/torch/rollout_replica.py``), from
+the same seed, so every variant samples the same number of episodes (equal
+sampled tokens up to response lengths).
 
 Throughput is trained tokens per second of wall time over the steps (sum of
 ``group/<g>/tokens`` / elapsed, the pipeline's warm-up included). Final
 reward is the mean ``reward/mean`` of the last quarter of the steps.
 CPU s per 1000 trained tokens (this process, all threads) shows whether the
 pipeline adds work; "overlap bound" = (rollout + update) / max(rollout,
-update) of the synchronous run, the speed-up a perfect overlap could give
+update) of the synchronous run (``time/rollout_s``, ``time/update_s`` summed over its steps), the speed-up a perfect overlap could give
 on otherwise idle cores (an estimate, not a measurement).
 
 Repetitions interleave the variants (0 1 2, then 2 1 0, ...), each
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -56,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="training steps per run")
     p.add_argument("--repeats", type=int, default=3, help="runs per variant (seeds 0..repeats-1), interleaved")
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--process-staleness", type=int, nargs="*", default=[1],
+                   help="max_staleness values also run with a rollout process per group (none: leave out)")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     p.add_argument("--tasks-per-step", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
@@ -70,7 +76,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def task_config(task: str, staleness: int, seed: int, args: argparse.Namespace) -> dict:
+def variants(args: argparse.Namespace) -> list[tuple[int, bool]]:
+    """(max_staleness, rollout process) pairs, in run order."""
+    return [(s, False) for s in args.staleness] + [(s, True) for s in args.process_staleness]
+
+
+def variant_name(staleness: int, process: bool) -> str:
+    return f"{staleness} + process" if process else str(staleness)
+
+
+def task_config(task: str, staleness: int, seed: int, args: argparse.Namespace, process: bool = False) -> dict:
     if task == "3-role":
         tree = relay_config("separate", argparse.Namespace(**{**vars(args), "tasks": args.tasks_per_step,
                                                              "kl": 0.0, "heads": 4}), seed)
@@ -92,11 +107,15 @@ def task_config(task: str, staleness: int, seed: int, args: argparse.Namespace) 
         }
     tree["algorithm"] = {**tree["algorithm"], "max_staleness": staleness}
     tree["trainer"] = {**tree["trainer"], "steps": args.steps, "sample_trajectories": 0}
+    if process:
+        for model in tree["models"].values():
+            model["options"] = {**model["options"], "rollout_process": True}
     return tree
 
 
-def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root: Path) -> dict:
-    trainer, transport = build_unimas(task_config(task, staleness, seed, args), root / f"{task}-{staleness}-{seed}",
+def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root: Path, process: bool = False) -> dict:
+    name = variant_name(staleness, process).replace(" + ", "p")
+    trainer, transport = build_unimas(task_config(task, staleness, seed, args, process), root / f"{task}-{name}-{seed}",
                                       Phases())
 
     async def steps() -> list[dict]:
@@ -108,18 +127,39 @@ def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root
             await trainer.pipeline.close()
         return records
 
-    started, cpu = time.perf_counter(), time.process_time()
+    replicas = replicas_of(transport)
+    for replica in replicas:  # their start-up (imports, model build) is not part of the timed steps
+        replica.generator_state()
+    started, cpu, child_cpu = time.perf_counter(), time.process_time(), sum(map(cpu_seconds, replicas))
     records = asyncio.run(steps())
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    elapsed = time.perf_counter() - started
+    cpu, child_cpu = time.process_time() - cpu, sum(map(cpu_seconds, replicas)) - child_cpu
     transport.shutdown()
     tokens = sum(v for r in records for k, v in r.items() if k.startswith("group/") and k.endswith("/tokens"))
     tail = records[-max(1, len(records) // 4):]
     rollout, update = (sum(r[f"time/{phase}_s"] for r in records) for phase in ("rollout", "update"))
-    return {"task": task, "staleness": staleness, "seed": seed, "elapsed_s": elapsed, "tokens": tokens,
-            "cpu_s_per_ktoken": 1000 * cpu / tokens, "overlap_bound": (rollout + update) / max(rollout, update),
+    syncs = [v for r in records for k, v in r.items() if k.endswith("/weight_sync_s")]
+    waits = [v for r in records for k, v in r.items() if k.endswith("/weight_sync_wait_s")]
+    return {"task": task, "staleness": staleness, "process": process, "seed": seed, "elapsed_s": elapsed,
+            "tokens": tokens, "rollout_s": rollout, "update_s": update,
+            "weight_sync_ms": 1000 * statistics.fmean(syncs) if syncs else None,
+            "weight_sync_wait_ms": 1000 * statistics.fmean(waits) if waits else None,
+            "cpu_s_per_ktoken": 1000 * (cpu + child_cpu) / tokens, "replica_cpu_s_per_ktoken": 1000 * child_cpu / tokens,
+            "overlap_bound": (rollout + update) / max(rollout, update),
             "tokens_per_s": tokens / elapsed, "final_reward": statistics.fmean(r["reward/mean"] for r in tail),
             "staleness_mean": statistics.fmean(v for r in records for k, v in r.items()
                                                if k.endswith("/staleness_mean"))}
+
+
+def replicas_of(transport) -> list:
+    """The rollout replicas of the run's groups (``options.rollout_process``)."""
+    return [g.replica for g in transport.inner.groups.values() if getattr(g, "replica", None) is not None]
+
+
+def cpu_seconds(replica) -> float:
+    """User + system CPU seconds a replica's process has used so far (``/proc/<pid>/stat``, Linux)."""
+    fields = Path(f"/proc/{replica.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -129,10 +169,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.repeats):
-            order = args.staleness if seed % 2 == 0 else args.staleness[::-1]
+            order = variants(args) if seed % 2 == 0 else variants(args)[::-1]
             for task in args.tasks:
-                for staleness in order:
-                    results.append(one_run(task, staleness, seed, args, Path(tmp)))
+                for staleness, process in order:
+                    results.append(one_run(task, staleness, seed, args, Path(tmp), process))
                     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     return results
 
@@ -146,24 +186,35 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
              "",
              "tokens/s = trained tokens / wall time of the run; ratio = async / sync of the same seed "
              "(median, min-max); final reward = mean reward/mean over the last quarter of the steps (mean ± std "
-             "over seeds).",
+             "over seeds); CPU s counts this process and its rollout processes (their start-up, excluded from the "
+             "timed steps, left out); weight sync = "
+             "mean group/<g>/weight_sync_s (the copy), in brackets weight_sync_wait_s (the update waiting for a "
+             "batch in flight); overlap bound = (rollout + update) / max(rollout, update) of the "
+             "synchronous run.",
              ""]
     rows = []
     for task in args.tasks:
-        runs = {s: [r for r in results if r["task"] == task and r["staleness"] == s] for s in args.staleness}
-        sync = {r["seed"]: r for r in runs.get(0, [])}
-        for staleness, mine in runs.items():
+        runs = {v: [r for r in results if r["task"] == task and (r["staleness"], r["process"]) == v]
+                for v in variants(args)}
+        sync = {r["seed"]: r for r in runs.get((0, False), [])}
+        for (staleness, process), mine in runs.items():
             ratios = [r["tokens_per_s"] / sync[r["seed"]]["tokens_per_s"] for r in mine if r["seed"] in sync]
             rewards = [r["final_reward"] for r in mine]
             spread = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
-            rows.append([task, staleness, median(r["elapsed_s"] for r in mine),
+            syncs = [(r["weight_sync_ms"], r["weight_sync_wait_ms"]) for r in mine if r["weight_sync_ms"] is not None]
+            rows.append([task, variant_name(staleness, process), median(r["elapsed_s"] for r in mine),
                          median(r["tokens_per_s"] for r in mine),
                          f"{median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-",
                          f"{statistics.fmean(rewards):.3f} ± {spread:.3f}",
                          median(r["staleness_mean"] for r in mine), median(r["cpu_s_per_ktoken"] for r in mine),
-                         f"{median(r['overlap_bound'] for r in mine):.2f}×" if staleness == 0 else "-"])
+                         median(r["replica_cpu_s_per_ktoken"] for r in mine) if process else "-",
+                         f"{median(c for c, _ in syncs):.2f} ({median(w for _, w in syncs):.2f})" if syncs else "-",
+                         f"{median(r['overlap_bound'] for r in mine):.2f}×" if (staleness, process) == (0, False)
+                         else "-"])
     lines.append(markdown_table(["task", "max_staleness", "run s", "trained tokens/s", "ratio vs sync",
-                                 "final reward", "mean staleness", "CPU s / 1k tokens", "overlap bound"], rows))
+                                 "final reward", "mean staleness", "CPU s / 1k tokens", "of which replicas",
+                                 "weight sync ms (wait)",
+                                 "overlap bound"], rows))
     return "\n".join(lines)
 
 

@@ -16,13 +16,22 @@ controller overhead; for ray it includes the actor round trips);
 ``vs local`` divides ray turns/s by local turns/s at the same concurrency,
 measured in this same invocation.
 
-Memory per in-flight episode (local): ``tracemalloc`` bytes held once every
-episode is waiting on its first turn, over the number of episodes; and the
-RSS growth of the process over the same moment (no tracemalloc), per episode.
+Memory per in-flight episode, in the controller process: ``tracemalloc``
+bytes held once every episode is waiting on a model, over the number of
+episodes; and the RSS growth of the process over the same moment (no
+tracemalloc), per episode. For ray the episodes wait on the actors, so the
+controller's side of each pending call (object refs, Ray's driver state)
+is counted too.
 
-    python benchmarks/controller_scale.py                 # the table in docs/runtime.md (~1-2 min on 2 cores)
+``--no-gc`` turns Python's cyclic garbage collector off during each timed run:
+with it the per-turn cost is flat from 1 to 40 000 concurrent episodes, which
+shows that the growth with concurrency seen with the collector on is the
+collector's (more live objects survive more young-generation passes), not an
+algorithmic cost of the controller.
+
+    python benchmarks/controller_scale.py                 # the table in docs/runtime.md (~3 min on 2 cores)
     python benchmarks/controller_scale.py --smoke         # seconds: same code, tiny sizes
-    python benchmarks/controller_scale.py --concurrency 1,64,1024 --local-extra 8192 --turns 20000 --runtimes local,ray
+    python benchmarks/controller_scale.py --concurrency 1,64,1024,10000 --local-extra 40000 --runtimes local --no-gc
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import json
 import os
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -77,6 +88,17 @@ class CannedTransport:
         return canned(requests)
 
 
+class Probed:
+    """A transport that calls ``probe`` before every batch: reads memory while every episode waits."""
+
+    def __init__(self, inner, probe):
+        self.inner, self.probe = inner, probe
+
+    async def generate(self, group: str, requests: list[GenRequest]) -> list[GenResult]:
+        self.probe()
+        return await self.inner.generate(group, requests)
+
+
 class CannedGroup:
     """The same stand-in as a Ray actor: ``RayTransport`` calls its ``generate``."""
 
@@ -110,16 +132,21 @@ async def _run(transport, episodes: int, concurrency: int) -> tuple[Router, list
     return router, trajectories
 
 
-def measure(runtime: str, transport, concurrency: int, turns: int, repeats: int) -> Row:
-    """Median (by wall time) of ``repeats`` runs after one warm-up."""
+def measure(runtime: str, transport, concurrency: int, turns: int, repeats: int, no_gc: bool = False) -> Row:
+    """Median (by wall time) of ``repeats`` runs after one warm-up (``no_gc``: collector off while timed)."""
     episodes = max(concurrency, turns // TURNS_PER_EPISODE)
     asyncio.run(_run(transport, min(episodes, 2 * concurrency), concurrency))  # warm-up
     rows = []
     for _ in range(repeats):
         gc.collect()
+        if no_gc:
+            gc.disable()
         wall, cpu = time.perf_counter(), time.process_time()
-        router, trajectories = asyncio.run(_run(transport, episodes, concurrency))
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        try:
+            router, trajectories = asyncio.run(_run(transport, episodes, concurrency))
+        finally:
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            gc.enable()
         failed = [t.error for t in trajectories if t.failed]
         if failed:
             raise RuntimeError(f"{len(failed)} episodes failed, first: {failed[0]}")
@@ -128,8 +155,8 @@ def measure(runtime: str, transport, concurrency: int, turns: int, repeats: int)
     return sorted(rows, key=lambda r: r.wall_s)[len(rows) // 2]
 
 
-def memory_per_episode(episodes: int) -> tuple[float, float]:
-    """(tracemalloc bytes, RSS bytes) per in-flight episode, local runtime."""
+def memory_per_episode(episodes: int, transport) -> tuple[float, float]:
+    """(tracemalloc bytes, RSS bytes) per in-flight episode in this (the controller) process."""
     import psutil
 
     process = psutil.Process()
@@ -145,16 +172,38 @@ def memory_per_episode(episodes: int) -> tuple[float, float]:
     gc.collect()
     base = process.memory_info().rss
     peak, probe = peak_of(lambda: process.memory_info().rss)
-    asyncio.run(_run(CannedTransport(probe), episodes, episodes))
+    asyncio.run(_run(Probed(transport, probe), episodes, episodes))
     rss = (peak[0] - base) / episodes
 
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     peak, probe = peak_of(lambda: tracemalloc.get_traced_memory()[0])
-    asyncio.run(_run(CannedTransport(probe), episodes, episodes))
+    asyncio.run(_run(Probed(transport, probe), episodes, episodes))
     tracemalloc.stop()
     traced = (peak[0] - base) / episodes
+    return traced, rss
+
+
+def probe_memory(runtime: str, episodes: int) -> list[float]:
+    if runtime == "local":
+        return list(memory_per_episode(episodes, CannedTransport()))
+    transport, started = ray_transport()
+    try:
+        return list(memory_per_episode(episodes, transport))
+    finally:
+        transport.shutdown()
+        if started:
+            import ray
+
+            ray.shutdown()
+
+
+def memory_in_fresh_process(runtime: str, episodes: int) -> tuple[float, float]:
+    """The memory probe in a process of its own: RSS growth is only meaningful before memory was freed for reuse."""
+    out = subprocess.run([sys.executable, __file__, "--memory-probe", runtime, "--memory-episodes", str(episodes)],
+                         check=True, capture_output=True, text=True).stdout
+    traced, rss = json.loads(out.strip().splitlines()[-1])
     return traced, rss
 
 
@@ -187,10 +236,12 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--concurrency", default="1,64,1024", help="concurrent episodes, comma separated")
-    parser.add_argument("--local-extra", default="8192", help="extra concurrency levels for local only")
+    parser.add_argument("--concurrency", default="1,64,1024,10000", help="concurrent episodes, comma separated")
+    parser.add_argument("--local-extra", default="", help="extra concurrency levels for local only")
     parser.add_argument("--turns", type=int, default=20000, help="turns per measurement (2 per episode)")
-    parser.add_argument("--memory-episodes", type=int, default=8192, help="in-flight episodes for the memory probe")
+    parser.add_argument("--memory-episodes", type=int, default=10000, help="in-flight episodes for the memory probe")
+    parser.add_argument("--no-gc", action="store_true", help="Python's garbage collector off during timed runs")
+    parser.add_argument("--memory-probe", choices=("local", "ray"), help=argparse.SUPPRESS)
     parser.add_argument("--runtimes", default="local,ray")
     parser.add_argument("--repeats", type=int, default=3, help="runs per row; the median is reported")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: seconds, for the test suite")
@@ -203,20 +254,22 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# controller scale: python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
           f"max_batch_size {MAX_BATCH_SIZE}, {args.turns} turns per row, median of {args.repeats}\n", flush=True)
-    memory = None
-    if "local" in runtimes and args.memory_episodes:
-        memory = memory_per_episode(args.memory_episodes)  # first: before other runs warm the allocator
+    if args.memory_probe:  # the child process of memory_in_fresh_process
+        print(json.dumps(probe_memory(args.memory_probe, args.memory_episodes)))
+        return 0
+    memory = {runtime: memory_in_fresh_process(runtime, args.memory_episodes)
+              for runtime in runtimes if args.memory_episodes}
     rows: list[Row] = []
     if "local" in runtimes:
         for level in levels + extra:
             rows.append(measure("local", CannedTransport(), level, max(args.turns, TURNS_PER_EPISODE * level),
-                                args.repeats))
+                                args.repeats, args.no_gc))
     if "ray" in runtimes:
         transport, started = ray_transport()
         try:
             for level in levels:
                 rows.append(measure("ray", transport, level, max(args.turns, TURNS_PER_EPISODE * level),
-                                    args.repeats))
+                                    args.repeats, args.no_gc))
         finally:
             transport.shutdown()
             if started:
@@ -224,11 +277,11 @@ def main(argv: list[str] | None = None) -> int:
 
                 ray.shutdown()
     print(table(rows))
-    if memory is not None:
-        traced, rss = memory
+    if memory:
         print("\n| runtime | in-flight episodes | tracemalloc bytes/episode | RSS growth bytes/episode |")
         print("|---|---:|---:|---:|")
-        print(f"| local | {args.memory_episodes} | {traced:,.0f} | {rss:,.0f} |")
+        for runtime, (traced, rss) in memory.items():
+            print(f"| {runtime} | {args.memory_episodes} | {traced:,.0f} | {rss:,.0f} |")
     return 0
 
 

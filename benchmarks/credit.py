@@ -204,7 +204,7 @@ async def train_to_budget(trainer, task: Task, budget: int, eval_every: int, run
     result.steps = step
     if fits:
         result.critic_fit = statistics.fmean(fits[-CRITIC_FIT_STEPS:])
-    final = [e for e in read_jsonl(run_dir / "trajectories" / "eval.jsonl") if e.outcome.get("_step") == step]
+    final = [e for e in read_jsonl(run_dir / "trajectories" / "eval.jsonl") if e.step == step]
     result.fix, result.broke = verifier_rates(final)
     return result
 

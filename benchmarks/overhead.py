@@ -307,15 +307,17 @@ class Scheme:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from unimas.training.trainer import settle_collector
+
     quiet_environment(args.threads)
     setup_torch(args.threads)
     warm_verl()
     results: dict = {"samples": {}, "profile": None}
     with tempfile.TemporaryDirectory() as tmp:
         schemes = [Scheme(m, args, Path(tmp)) for m in args.mappings]
-        # As Trainer.run does before its first step: models, floor copies and modules out of full GC passes.
-        gc.collect()
-        gc.freeze()
+        # As Trainer.run does before its first step: models, floor copies and modules out of full GC passes,
+        # fewer young-generation passes.
+        collector = settle_collector()
 
         async def loop() -> None:
             for _ in range(args.warmup):
@@ -342,6 +344,7 @@ def run(args: argparse.Namespace) -> dict:
 
             frames, text = profile_rounds(profiled, rounds=rounds, top=15, owned=unimas_owned)
             results["profile"] = {"mapping": target.mapping, "steps": args.profile, "frames": frames, "text": text}
+        gc.set_threshold(*collector)
         for s in schemes:
             s.writer.close()
     return results

@@ -40,7 +40,7 @@ def main(run_dirs: list[str]) -> None:
     for run_dir in run_dirs:
         by_step = defaultdict(list)
         for ep in read_jsonl(Path(run_dir) / "trajectories" / "eval.jsonl"):
-            by_step[ep.outcome.get("_step", 0)].append(ep)
+            by_step[ep.step or 0].append(ep)
         steps = sorted(by_step)
         for step in dict.fromkeys([steps[0], steps[-1]]):
             r = rates(by_step[step])

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Install unimas with its test extra into .venv (CPU torch first) and run the test suite.
+# The test command (README; .ci/run calls exactly this): the system packages some tests need (installed when
+# missing and apt-get can, else the tests that will skip are named), unimas with its test extra in .venv (CPU
+# torch first), then the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/system_packages.sh
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip

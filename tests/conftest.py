@@ -1,4 +1,5 @@
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    """A run stopped by SIGTERM (a CI timeout, ``timeout``, a closed terminal) ends as Ctrl-C does: pytest
+    still prints its summary line (passed, failed, skipped so far). Only in the process that reports (the
+    xdist controller, or a run without workers)."""
+    if not hasattr(config, "workerinput"):
+        signal.signal(signal.SIGTERM, _interrupt)
 
 
 @pytest.fixture(autouse=True)

@@ -115,7 +115,8 @@ def test_the_async_benchmark_runs():
     from tests.test_benchmarks_smoke import run_benchmark, table_rows
 
     rows = table_rows(run_benchmark("async_pipeline.py"), "task")
-    assert [(row[0], row[1]) for row in rows] == [(t, s) for t in ("2-role", "3-role") for s in "012"]
+    assert [(row[0], row[1]) for row in rows] == [(t, s) for t in ("2-role", "3-role")
+                                                  for s in ("0", "1", "2", "1 + process")]
     assert all(float(row[3].replace(",", "")) > 0 for row in rows)  # trained tokens/s
 
 
@@ -193,11 +194,11 @@ def test_a_pipelined_run_killed_with_sigkill_resumes_on_its_saved_rollouts(tmp_p
     records = run("quickstart_separate.yaml", run_dir, sets[len(SETTINGS):], resume=True)
     assert [r["step"] for r in records] == list(range(7))
     trained = read_jsonl(run_dir / "trajectories" / "train.jsonl")
-    assert sorted(t.outcome["_step"] for t in trained) == [step for step in range(1, 7) for _ in range(32)]
+    assert sorted(t.step for t in trained) == [step for step in range(1, 7) for _ in range(32)]
     assert len({t.episode_id for t in trained}) == len(trained)  # no episode trained twice
 
     def tokens(trajectory: GraphTrajectory) -> list[tuple]:
         return [(n.id, n.weight_version, tuple(n.response_ids)) for n in trajectory.turns()]
 
     pending = {e["episode"]["episode_id"]: tokens(GraphTrajectory.from_dict(e["episode"])) for e in saved}
-    assert {t.episode_id: tokens(t) for t in trained if t.outcome["_step"] == 5} == pending
+    assert {t.episode_id: tokens(t) for t in trained if t.step == 5} == pending

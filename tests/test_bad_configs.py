@@ -229,7 +229,7 @@ CASES = [
     Case("path-not-a-model-dir", setting("models.shared.options", {"path": "no/such/model"}),
          ("models.shared.options.path", "no config.json")),
     Case("path-is-a-hub-name", setting("models.shared.options", {"path": "Qwen/Qwen2.5-0.5B-Instruct"}),
-         ("models.shared.options.path", "huggingface-cli download Qwen/Qwen2.5-0.5B-Instruct")),
+         ("models.shared.options.path", "hf download Qwen/Qwen2.5-0.5B-Instruct")),
     Case("path-dir-without-config", empty_model_dir, ("models.shared.options.path", "not_a_model")),
     Case("init-from-not-a-checkpoint", setting("models.shared.options", {"init_from": "no/such/run"}),
          ("models.shared.options.init_from", "neither a unimas checkpoint")),

@@ -177,7 +177,7 @@ def test_metrics_logged_after_the_checkpoint_are_not_duplicated(run, capsys):
     code, output = train(run, capsys, "trainer.steps=5")
     assert code == 0 and "(step 2)" in output
     assert steps(run) == [0, 1, 2, 3, 4, 5]
-    train_steps = [json.loads(line)["outcome"]["_step"] for line in (run / "trajectories/train.jsonl").open()]
+    train_steps = [json.loads(line)["step"] for line in (run / "trajectories/train.jsonl").open()]
     assert train_steps == sorted(train_steps) and train_steps.count(3) == 4  # sample_trajectories per step
 
 

@@ -16,13 +16,14 @@ from safetensors.torch import load_file
 
 from tests.conftest import EXAMPLES
 from tests.test_kill_resume import VOLATILE
-from tests.test_torch_backend import make_group
+from tests.test_torch_backend import group_spec, make_group
 from unimas.algorithms import functions as algorithms
 from unimas.algorithms.credit import CreditedTurn
 from unimas.cli import main
-from unimas.config.schema import CriticConfig, OptimConfig, RoleConfig
+from unimas.config.schema import CriticConfig, ModelGroupConfig, OptimConfig, RoleConfig
 from unimas.contract.registry import build_registry
 from unimas.groups.base import TrainTurn
+from unimas.groups.torch.group import TorchModelGroup
 from unimas.groups.role_gae import gae_over_turns, role_sequences
 from unimas.training.trainer import train_turn
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
@@ -182,6 +183,24 @@ def test_a_group_with_a_critic_resumes_bit_identically(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_init_from_warm_starts_the_critic_with_a_fresh_optimiser(tmp_path):
+    group = critic_group(critic_warmup=1)
+    turns = fixed_reward_turns(group)
+    for _ in range(3):
+        group.update(turns)
+    group.save(tmp_path / "trained")
+    config = ModelGroupConfig(options={"init_from": str(tmp_path / "trained")},
+                              critic=CriticConfig(optim=OptimConfig(lr=3e-3)))
+    spec = group_spec(config, estimator="gae", critic_warmup=1)
+    spec.estimator = gae()
+    warm = TorchModelGroup.build(spec)
+    for a, b in zip(group.critic.model.parameters(), warm.critic.model.parameters()):
+        assert torch.equal(a, b)
+    assert warm.critic.updates == 0 and warm.critic.warming_up  # a new run: its own schedule and warm-up
+    assert warm.critic.values(warm, turns, 8) == group.critic.values(group, turns, 8)
+    assert any(v != 0.0 for row in warm.critic.values(warm, turns, 8) for v in row)  # not the zero head
+
+
 # ------------------------------------------------------------------- validation
 
 
@@ -198,10 +217,19 @@ def validate(capsys, *sets: str) -> tuple[int, str]:
     (["models.shared.trainable=false", "roles.speaker.trainable=false", "roles.listener.trainable=false"],
      "models.shared.critic", "frozen group"),
     (["algorithm.estimator=grpo"], "models.shared.critic", "takes no values"),
+    (["algorithm.update_order={name: reverse_execution, params: {damp: 0.5}}"], "algorithm.update_order.params",
+     "rescales each turn's advantage"),
+    (["algorithm.update_order={name: reverse_execution, params: {ratio_clip: 0.2}}"],
+     "algorithm.update_order.params", "would not reach"),
 ])
 def test_validate_refuses_a_missing_or_useless_critic(capsys, sets, field, words):
     code, output = validate(capsys, *sets)
     assert code == 2 and field in output and words in output
+
+
+def test_validate_accepts_an_update_order_that_leaves_advantages_alone(capsys):
+    code, output = validate(capsys, "algorithm.update_order={name: reverse_execution}")
+    assert code == 0, output
 
 
 def test_validate_accepts_the_ppo_example(capsys):

@@ -13,7 +13,9 @@ from unimas_workflows.math_team import boxed_answer, gsm8k_answer, math_jsonl, m
 from unimas.errors import UserError
 from unimas.trajectory import GraphTrajectory, TurnNode
 
-EXAMPLES = {"math_team_cpu.yaml": "team", "math_team_real_model.yaml": "team"}
+EXAMPLES = {"math_team_cpu.yaml": ("team",), "math_team_real_model.yaml": ("team",),
+            "math_team_real_model_ppo.yaml": ("team",), "math_team_real_model_central_critic.yaml": ("team", "central")}
+"""Example -> its model groups (each pointed at the tiny chat model; the critic variants train with GAE)."""
 LEVELS = {"math_correct#0": "trajectory", "math_correct#1": "trajectory", "verdict_correct": "turn",
           "math_format": "turn", "math_fix_or_break": "role"}
 
@@ -140,11 +142,12 @@ def test_example_validates_and_trains_two_steps(example, chat_model, repo, tmp_p
     from unimas.trajectory import read_jsonl
 
     config = str(repo / "examples" / example)
-    path = ["--set", f"models.{EXAMPLES[example]}.options.path={chat_model}"]
+    path = [arg for group in EXAMPLES[example]
+            for arg in ("--set", f"models.{group}.options.path={chat_model}", "--set", f"models.{group}.resources.gpus=0")]
     assert main(["validate", config, *path, "--episodes", "4"]) == 0
     small = ["--set", "trainer.steps=2", "--set", "trainer.tasks_per_step=4", "--set", "trainer.eval_size=4",
              "--set", "algorithm.group_size=2", "--set", "logging.report=false",
-             "--set", "models.team.resources.gpus=0", "--set", "roles.solver.generation.max_new_tokens=8",
+             "--set", "roles.solver.generation.max_new_tokens=8",
              "--set", "roles.refiner.generation.max_new_tokens=8",
              "--set", "roles.verifier.generation.max_new_tokens=4",
              "--set", "trainer.save_every=0"]

@@ -40,7 +40,8 @@ def expand(name: str, values: dict[str, list[str]]) -> set[str]:
 def test_documented_metric_names_match_a_real_run(real_run):
     config = load_config(real_run / "config.yaml")
     values = {"role": list(config.roles), "group": list(config.models), "reward": reward_keys(config.rewards),
-              "k": [str(config.trainer.eval_samples)]}
+              "k": [str(config.trainer.eval_samples)], "metric": [],
+              "adapter": sorted({role.adapter for role in config.roles.values() if role.adapter})}
     rows = documented()
     assert len(rows) > 30, "the metrics table was not found"
     names = {concrete: when for name, when in rows.items() for concrete in expand(name, values)}

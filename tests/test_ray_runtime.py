@@ -387,3 +387,28 @@ def test_sequential_update_order_scores_turns_through_the_actors(ray_cluster, tm
     finally:
         transport.shutdown()
     assert [r["group/speaker_model/weight_version"] for r in history[1:]] == [1, 2]
+
+
+CENTRAL = EXAMPLES / "quickstart_central_critic.yaml"
+CRITIC = "{optim: {lr: 0.001}, value_clip: 0.5}"
+
+
+@pytest.mark.parametrize("source, extra", [
+    (CONFIG, ["algorithm.estimator=gae", "algorithm.critic_warmup=1", f"models.speaker_model.critic={CRITIC}",
+              f"models.listener_model.critic={CRITIC}"]),
+    (CENTRAL, ["algorithm.critic_warmup=1", "models.central.resources.cpus=0.5"]),
+], ids=["per_group", "centralized"])
+def test_critics_on_ray_are_twins_of_the_local_run(ray_cluster, tmp_path, source, extra):
+    """A value model per group, and a centralized critic group valued over Ray (``critique``): the same
+    per-step metrics as the local run, critic statistics included, and the critic trained."""
+    config = load_config(source, SMALL + extra)
+    local = LocalTransport.start(config, Experiment.resolve(config).registry)
+    local_history = run_trainer(config, local, tmp_path / "local")
+    transport = RayTransport.start(config)
+    try:
+        ray_history = run_trainer(config, transport, tmp_path / "ray")
+    finally:
+        transport.shutdown()
+    assert comparable(ray_history) == comparable(local_history)
+    critic_keys = [k for k in ray_history[-1] if "/critic/value_loss" in k]
+    assert critic_keys and all(ray_history[-1][k] > 0 for k in critic_keys), ray_history[-1]

@@ -3,7 +3,6 @@ the report on a killed run, episode selection, console progress and the optional
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import os
@@ -50,11 +49,12 @@ def test_train_writes_a_self_contained_report(real_run):
         assert png.startswith(b"\x89PNG") and len(png) > 10_000, stem
         assert f'id="plot-{stem}"' in page
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "the report must not load anything remote"
-    assert "<link" not in page
+    assert "<link" not in page and "<img" not in page  # charts are drawn in the page; the PNGs are copies
+    assert "finished" in page and "incomplete" not in page
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the Debian `chromium` package at /usr/bin/chromium")
-def test_viewer_in_headless_chromium_shows_every_role_and_the_reward_plot(real_run, tmp_path):
+def test_viewer_in_headless_chromium_shows_every_role_and_the_reward_charts(real_run, tmp_path):
     url = (real_run / "report.html").as_uri()
     dom = chromium("--dump-dom", url, tmp=tmp_path / "profile-dom").stdout
     graph = re.search(r'<svg id="episode-graph".*?</svg>', dom, re.S)
@@ -63,8 +63,9 @@ def test_viewer_in_headless_chromium_shows_every_role_and_the_reward_plot(real_r
     assert drawn_roles == set(load_config(real_run / "config.yaml").roles)
     assert "reward " in graph.group(0) and "adv " in graph.group(0)
     assert re.search(r'<details data-node-id="speaker#0"', dom), "node texts are listed under the graph"
-    image = re.search(r'<img id="plot-rewards"[^>]*src="data:image/png;base64,([^"]+)"', dom)
-    assert image and len(base64.b64decode(image.group(1))) > 10_000
+    rewards = re.search(r'<div class="chart-group" id="plot-rewards">.*?</figure>', dom, re.S)
+    assert rewards and 'data-chart="reward-train"' in rewards.group(0) and "<canvas" in rewards.group(0)
+    assert re.search(r'data-charts="(\d+)"', dom) and 'data-chart-errors' not in dom
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report-screenshot.png"

@@ -88,7 +88,8 @@ def _data(page: str) -> dict:
 def test_turn_nodes_carry_the_conversation_prompt_and_flags(chat_run, capsys):
     page = write_report(chat_run).read_text(encoding="utf-8")
     assert "warning:" not in capsys.readouterr().err
-    (episode,) = _data(page)["episodes"]["train"]
+    (run,) = _data(page)["runs"]
+    (episode,) = run["episodes"]["train"]
     nodes = {n["id"]: n for n in episode["nodes"]}
 
     solver = nodes["solver#0"]

@@ -72,7 +72,7 @@ def _cycle(episode: dict) -> None:
 def _non_string_fields(episode: dict) -> None:
     node = episode["nodes"][0]
     node.update(text={"tokens": [1, 2]}, role=7, reward="high", started="soon", response_ids=3, parsed=[1])
-    episode.update(rewards=[1], outcome={"_step": 1, "x": float("nan")}, started="then", error={"why": 1})
+    episode.update(rewards=[1], step=1, outcome={"x": float("nan")}, started="then", error={"why": 1})
 
 
 def _not_utf8(run: Path) -> None:
@@ -118,7 +118,7 @@ CASES = {
     "node without an id": (_episode(lambda e: e["nodes"][0].pop("id")), 0, TRAIN),
     "edges form a cycle": (_episode(_cycle), 0, TRAIN),
     "edges malformed": (_episode(lambda e: e.update(edges=[["a"], 5])), 0, TRAIN),
-    "episode step not numeric": (_episode(lambda e: e["outcome"].update(_step="late")), 0, TRAIN),
+    "episode step not numeric": (_episode(lambda e: e.update(step="late")), 0, TRAIN),
     "node fields of the wrong type": (_episode(_non_string_fields), 0, None),
     "node with no nodes": (_episode(lambda e: e.update(nodes=[], edges=[])), 0, None),
     "trajectory line not an object": (_append(TRAIN, b"[1, 2]\n"), 0, TRAIN),
@@ -193,9 +193,10 @@ def test_model_text_is_escaped_in_every_context(small_run, tmp_path):
     block = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.S).group(1)
     assert "<" not in block and ">" not in block and "&" not in block and "\u2028" not in block
     data = json.loads(block)
-    texts = [n["text"] for e in data["episodes"]["train"] for n in e["nodes"]]
+    episodes = data["runs"][0]["episodes"]["train"]
+    texts = [n["text"] for e in episodes for n in e["nodes"]]
     assert texts and all(text == "\n".join(HOSTILE) for text in texts)
-    assert {e["task_label"] for e in data["episodes"]["train"]} == {HOSTILE[1]}
+    assert {e["task_label"] for e in episodes} == {HOSTILE[1]}
     outside = page.replace(block, "")
     assert outside.count("<script") == 2, "only the data block and the viewer script"
     assert "alert(2)" in outside and "<script>alert(2)" not in outside  # the run name, escaped as HTML

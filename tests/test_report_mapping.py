@@ -90,12 +90,12 @@ def _console_lines(overrides: list[str], records: list[dict], mode: str = "train
 def test_console_labels_eval_results_as_rewards():
     record = {"step": 0, "eval/accuracy": 0.875, "eval/role/speaker/reward_mean": 0.95}
     eval_line, final = _console_lines([], [record])
-    assert "eval reward (exact_match) 0.875" in eval_line and "eval role reward: speaker 0.95" in eval_line
+    assert "eval reward (exact_match) 0.875" in eval_line and "eval credit per turn (sum of rewards): speaker 0.95" in eval_line
     assert "eval reward (exact_match) 0.875 (step 0)" in final
     assert "accuracy" not in eval_line + final
 
 
-def test_console_names_a_repeated_reward_by_index():
+def test_console_names_a_repeated_reward_by_its_place_in_rewards():
     rewards = "rewards=[{name: exact_match, level: turn}, {name: exact_match, level: trajectory}]"
     eval_line, _ = _console_lines([rewards], [{"step": 0, "eval/accuracy": 0.5}], mode="eval")
-    assert "eval reward (exact_match#1) 0.500" in eval_line
+    assert "eval reward (exact_match, rewards[1]) 0.500" in eval_line and "#" not in eval_line

@@ -147,6 +147,23 @@ def test_cli_prints_directory_and_parameter_count(tmp_path, capsys):
     assert tiny_chat.main([str(tmp_path / "m"), "--hidden-size", "32", "--layers", "1", "--heads", "2"]) == 0
     out = capsys.readouterr().out
     assert str(tmp_path / "m") in out and f"parameters={tiny_chat.parameters_for(32, 1, 512):,}" in out
+    assert "training the byte-level BPE tokenizer" in out and "fitting repeat: x chat turns (300 steps" in out
+    assert "  step 100/300  loss " in out and "  step 300/300  loss " in out
+
+
+def test_the_same_bytes_whatever_threads_the_caller_has(tmp_path):
+    """The build runs on one thread and gives the caller's thread count back."""
+    small = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "instruct_steps": 20}
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = build_chat_model(tmp_path / "two", **small)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        one = build_chat_model(tmp_path / "one", **small)
+    finally:
+        torch.set_num_threads(before)
+    assert (two / "model.safetensors").read_bytes() == (one / "model.safetensors").read_bytes()
 
 
 def test_parameters_for_a_100m_config():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,6 +11,7 @@ from unimas.config.loading import config_from_dict, load_config
 from unimas.config.schema import ExperimentConfig
 from unimas.errors import UserError
 from unimas.output.loggers import build_loggers
+from unimas.output.run_end import write_run_end
 from unimas.output.rundir import RunDir
 from unimas.preflight.validate import validate
 from unimas.process import torch_setup
@@ -48,10 +50,25 @@ def run_training(experiment: Experiment, run_dir: RunDir, resume: bool = False,
     run_dir.create()
     torch_setup(config.trainer.torch_threads, config.trainer.seed)
     transport = start_transport(config, experiment.registry)
+    logged_before = _size(run_dir.metrics)
     try:
-        return asyncio.run(Trainer(experiment, run_dir, transport, log=log).run(resume=resume))
+        history = asyncio.run(Trainer(experiment, run_dir, transport, log=log).run(resume=resume))
+    except BaseException as error:
+        # A refusal before the first step (a resume that does not fit) leaves the run as it was; the end
+        # record is best effort here, so that a full disk cannot hide the error that ended the run.
+        if _size(run_dir.metrics) != logged_before:
+            with contextlib.suppress(OSError, UserError):
+                write_run_end(run_dir, config, [], error)
+        raise
     finally:
         transport.shutdown()  # group actors stop, and a Ray instance we started stops
+    write_run_end(run_dir, config, history)
+    return history
+
+
+def _size(path: Path) -> int:
+    """The file's size, -1 when absent: a change tells that the run wrote (or cut) metrics."""
+    return path.stat().st_size if path.exists() else -1
 
 
 def train(config_or_path: ExperimentConfig | str | Path, *, run_dir: str | Path | None = None,

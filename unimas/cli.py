@@ -36,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--episodes", type=int, default=0, metavar="N",
                           help="also run N episodes with stand-in models (random tokens, no weights) through the "
                                "real controller, rewards and credit, and report what they did")
+    validate.add_argument("--cluster", type=Path, metavar="FILE",
+                          help="also print the placement plan on the cluster FILE describes (a YAML list of nodes "
+                               "with cpus, gpus, memory_gb and custom resources; docs/runtime.md), or the first "
+                               "group that does not fit")
 
     plugins = sub.add_parser("plugins", help="list registered plugins by kind")
     plugins.add_argument("--verbose", action="store_true", help="also list each algorithm plugin's parameters "
@@ -54,8 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only); any "
                        "other needs an API key: $UNIMAS_SERVE_TOKEN, or a generated one printed at start")
 
-    report = sub.add_parser("report", help="write report.html and plots for a run directory")
-    report.add_argument("run_dir", type=Path)
+    report = sub.add_parser("report", help="write report.html and plots for a run directory, or one page "
+                                           "overlaying several runs (docs/report.md)")
+    report.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
+                        help="one run directory, or several to overlay (one series per run in every chart)")
+    report.add_argument("--out", type=Path, metavar="FILE", help="where the page goes (default: RUN_DIR/report.html "
+                        "for one run; compare.html in the first RUN_DIR for several)")
 
     sandbox = sub.add_parser("sandbox", help="run a Python file in the code sandbox and print the result as JSON",
                              description="Run FILE in the bubblewrap sandbox that the run_python tool uses and "

@@ -17,6 +17,8 @@ from unimas.contract.registry import KINDS, Registry, build_registry
 from unimas.errors import UserError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from unimas.training.experiment import Experiment
     from unimas.training.trainer import Trainer
 
@@ -32,13 +34,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from unimas.preflight.validate import summary
 
     experiment = _prepare(args)
+    plan = _cluster_plan(experiment, args.cluster) if args.cluster is not None else None  # no "ok" if it fails
     print(f"ok: {args.config}")
     print(summary(experiment))
     if args.episodes:
         from unimas.preflight.dry_run import describe_dry_run, dry_run
 
         print(describe_dry_run(experiment, dry_run(experiment, args.episodes)))
+    if plan is not None:
+        print(plan)
     return 0
+
+
+def _cluster_plan(experiment: Experiment, path: Path) -> str:
+    """The placement plan on the cluster a file describes (no Ray: the nodes need not exist)."""
+    from unimas.runtime.cluster_file import load_cluster
+    from unimas.runtime.placement import placement_plan
+
+    totals, nodes = load_cluster(path)
+    return f"cluster file {path}:\n" + placement_plan(experiment.config, totals, nodes)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -99,8 +113,10 @@ def _dry_run_placement(experiment: Experiment) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from unimas.api import train
     from unimas.config.loading import load_config
+    from unimas.output.console import quiet_libraries
     from unimas.output.rundir import RunDir
     from unimas.preflight.validate import validate
+    from unimas.training.trainer import RunAlreadyComplete
 
     config = load_config(args.config, args.overrides)
     if args.dry_run:
@@ -108,12 +124,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.run_dir is None:
         raise UserError("--resume needs --run-dir pointing at the run to continue", where="--resume")
     run_dir = args.run_dir or RunDir.new(config.name).root
-    train(config, run_dir=run_dir, resume=args.resume)
+    try:
+        with quiet_libraries(show=getattr(args, "debug", False)):
+            train(config, run_dir=run_dir, resume=args.resume)
+    except RunAlreadyComplete as complete:
+        print(f"{run_dir}: {complete}")
+        return 0
     print(f"run directory: {run_dir}")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from unimas.output.console import quiet_libraries
     from unimas.output.loggers import build_loggers
     from unimas.output.metrics import MetricsWriter
     from unimas.output.rundir import RunDir
@@ -127,11 +149,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     torch_setup(config.trainer.torch_threads, config.trainer.seed)
     logger = build_loggers(config, run_dir, mode="eval")
     try:
-        transport = start_transport(config, experiment.registry)
-        try:
-            metrics = asyncio.run(_evaluate(Trainer(experiment, run_dir, transport), args.checkpoint))
-        finally:
-            transport.shutdown()
+        with quiet_libraries(show=getattr(args, "debug", False)):
+            transport = start_transport(config, experiment.registry)
+            try:
+                metrics = asyncio.run(_evaluate(Trainer(experiment, run_dir, transport), args.checkpoint))
+            finally:
+                transport.shutdown()
         logger.log(metrics)
     finally:
         logger.close()
@@ -168,11 +191,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from unimas.report import write_report
+    from unimas.report import write_overlay, write_report
 
-    if not (args.run_dir / "metrics.jsonl").exists():
-        raise UserError("no metrics.jsonl here: is this a unimas run directory?", where=str(args.run_dir))
-    path = write_report(args.run_dir)
+    if args.out is not None and not args.out.parent.is_dir():
+        raise UserError("its folder does not exist", where=f"--out {args.out}")
+    if len(args.run_dirs) == 1:
+        path = write_report(args.run_dirs[0], args.out)
+    else:
+        path = write_overlay(args.run_dirs, args.out)
     print(f"report: {path}")
     return 0
 

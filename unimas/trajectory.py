@@ -105,6 +105,11 @@ class GraphTrajectory:
     """Episode id of the parent when this episode was forked from a recorded one (see unimas.controller.forking)."""
     fork_turn: Optional[str] = None
     """Id of the first freshly sampled turn of a fork; the turns before it were replayed from the parent."""
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    """What the workflow logged with ``ctx.metric(name, value)``: per name, the values in call order."""
+    step: Optional[int] = None
+    """The training step a trajectory file records the episode at (set when it is written there), kept beside the
+    workflow's ``outcome`` so the outcome stays exactly what the workflow returned."""
     exception: Optional[BaseException] = field(default=None, repr=False, compare=False)
     """The exception behind ``error`` (not serialised): ``--debug`` shows its traceback."""
     _in_order: list[Node] = field(default_factory=list, repr=False, compare=False)
@@ -194,6 +199,8 @@ class GraphTrajectory:
             "ended": self.ended,
             "forked_from": self.forked_from,
             "fork_turn": self.fork_turn,
+            "metrics": self.metrics,
+            "step": self.step,
             "nodes": nodes,
             "edges": [[a, b] for a, b in self.graph.edges],
         }
@@ -216,7 +223,8 @@ class GraphTrajectory:
         traj = cls(**{k: data[k] for k in ("episode_id", "task_id", "task", "outcome", "error",
                                              "rewards", "started", "ended")},
                    forked_from=data.get("forked_from"), fork_turn=data.get("fork_turn"),
-                   unclipped_rewards=data.get("unclipped_rewards", {}))
+                   unclipped_rewards=data.get("unclipped_rewards", {}), step=recorded_step(data),
+                   metrics={name: list(values) for name, values in data.get("metrics", {}).items()})
         for raw in data["nodes"]:
             node_cls = TurnNode if raw["kind"] == "turn" else ToolNode
             known = {f.name for f in fields(node_cls)}
@@ -228,6 +236,15 @@ class GraphTrajectory:
     @classmethod
     def from_json(cls, text: str) -> "GraphTrajectory":
         return cls.from_dict(json.loads(text))
+
+
+def recorded_step(record: dict[str, Any]) -> Any:
+    """The step of a trajectory-file record: its ``step``, or in files written before the step moved beside the
+    outcome, the outcome's ``_step``; None when neither is there (not checked: readers of damaged files check)."""
+    if record.get("step") is not None:
+        return record["step"]
+    outcome = record.get("outcome")
+    return outcome.get("_step") if isinstance(outcome, dict) else None
 
 
 _FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in (TurnNode, ToolNode)}

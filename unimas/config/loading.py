@@ -12,6 +12,8 @@ stay strings, ``!!binary``, ``!!set``, ``!!omap`` and ``!!pairs`` are refused.
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,11 @@ from unimas.errors import UserError
 
 PATH_OPTIONS = ("path", "init_from")
 """Backend options that name files: relative values are relative to the config file."""
+
+TEST_MODEL_NAMES = {"tiny-chat": "", "tiny-chat-tools": " --tool-calls --max-positions 4096"}
+"""Model dirs the examples expect ``python -m unimas.testing.tiny_chat`` to build, with its extra arguments."""
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 64
@@ -177,8 +184,38 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig
     return _resolve_relative_paths(config, path.parent)
 
 
+LOCAL_DIR_NAMES = ("models", "checkpoints", "runs", "outputs")
+"""First path components that mark ``x/name`` as a local directory rather than a hub organisation."""
+
+
+def is_hub_id(value: str, base: Path | None = None) -> bool:
+    """Whether a model path reads as a Hugging Face hub name (``org/name``) rather than a local directory:
+    not a test model, not under a usual local folder, nor under a folder next to the config (``base``)."""
+    if not _HUB_ID.fullmatch(value) or Path(value).name in TEST_MODEL_NAMES:
+        return False
+    org = value.split("/")[0]
+    return org not in LOCAL_DIR_NAMES and not (base is not None and (base / org).is_dir())
+
+
+def missing_model_hint(value: str) -> str:
+    """How to get the model directory ``value`` that does not exist: the build command of a test model, a
+    download of a hub name, nothing for any other path (a download of ``models/x`` would fail)."""
+    name = Path(value).name
+    if name in TEST_MODEL_NAMES:
+        shown = os.path.relpath(value) if Path(value).is_absolute() and not os.path.relpath(value).startswith("..") \
+            else value
+        return f"; build it once, offline: `python -m unimas.testing.tiny_chat {shown}{TEST_MODEL_NAMES[name]}`"
+    if is_hub_id(value):
+        return (f"; if {value!r} is a model hub name, download it once (`hf download {value} --local-dir DIR`) "
+                "and set path to DIR")
+    return ""
+
+
 def _resolve_relative_paths(config: ExperimentConfig, base: Path) -> ExperimentConfig:
-    """Model paths in a config are relative to the config file, not the cwd (and so are agent modules)."""
+    """Model paths in a config are relative to the config file, not the cwd (and so are agent modules).
+
+    A missing local path is resolved too, so that its error names where it was looked for; a hub name is
+    left as written, for the backend to suggest its download."""
     if config.workflow.agent is not None:
         config.workflow.agent._config_dir = str(base.resolve())
     for group in config.models.values():
@@ -186,7 +223,7 @@ def _resolve_relative_paths(config: ExperimentConfig, base: Path) -> ExperimentC
             value = group.options.get(key)
             if isinstance(value, str) and value and "\0" not in value and not Path(value).is_absolute():
                 try:
-                    if (base / value).exists():
+                    if (base / value).exists() or not is_hub_id(value, base):
                         group.options[key] = str((base / value).resolve())
                 except OSError:  # a name too long for the file system: the backend's options check says so
                     continue

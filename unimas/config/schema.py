@@ -11,7 +11,7 @@ file. Loading, ``--set`` overrides and error formatting: ``unimas.config.loading
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
@@ -70,10 +70,20 @@ class ResourcesConfig(Strict):
     cpus: float = Field(1.0, ge=0, description="CPUs reserved for the group's actor")
     gpus: float = Field(0.0, ge=0, description="GPUs reserved (fractions share one); > 0 = torch backend on CUDA")
     memory_gb: Optional[float] = Field(None, gt=0, description="memory reserved, in GiB; null = no reservation")
+    custom: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict, description="custom Ray resources "
+                                                             "reserved, e.g. `{pool_a: 1}`: the actor runs only on a "
+                                                             "node started with them (`ray start --resources`)")
+
+    @field_validator("custom")
+    @classmethod
+    def _custom_names(cls, custom: dict[str, float]) -> dict[str, float]:
+        if builtin := [name for name in custom if name in ("CPU", "GPU", "memory", "object_store_memory", "")]:
+            raise ValueError(f"'{builtin[0]}' is not a custom resource name (cpus, gpus, memory_gb are built in)")
+        return custom
 
 
-MOVED_TO_OPTIONS = ("path", "tiny", "init_from", "dtype", "endpoint", "api_model", "api_key_env")
-"""Keys that were top-level group settings before backends owned their options."""
+MOVED_TO_OPTIONS = ("tiny", "init_from", "dtype", "endpoint", "api_model", "api_key_env")
+"""Keys that were top-level group settings before backends owned their options (``path`` stays a shorthand)."""
 
 
 class GroupAlgorithmConfig(Strict):
@@ -125,8 +135,8 @@ class ModelGroupConfig(Strict):
     backend: str = Field("torch", description="registered backend that builds the group (`unimas plugins`)")
     options: dict[str, Any] = Field(default_factory=dict, description="backend settings, validated by the backend "
                                     "(see Backend options below); `path` and `init_from` are relative to the "
-                                    "config file")
-    trainable: bool = Field(True, description="false = frozen: the group only generates")
+                                    "config file; `models.<group>.path: DIR` is shorthand for `options: {path: DIR}`")
+    trainable: bool = Field(True, description="false = frozen: the group only generates; its roles are frozen too")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimiser and learning-rate schedule")
     lora: Optional[LoraConfig] = Field(None, description="set to allow LoRA adapters per role on this group")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Ray reservation and device")
@@ -140,11 +150,17 @@ class ModelGroupConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
+        """``path: DIR`` stays a shorthand of ``options: {path: DIR}``: the one setting nearly every model has."""
         if isinstance(data, dict):
             moved = [key for key in MOVED_TO_OPTIONS if key in data]
             if moved:
                 raise ValueError(f"{', '.join(moved)} moved under 'options:' (backend settings), e.g. "
                                  f"options: {{{moved[0]}: ...}}")
+            options = data.get("options") or {}
+            if "path" in data and isinstance(options, dict):
+                if "path" in options:
+                    raise ValueError("'path' and 'options.path' both name the model directory; keep one of them")
+                data = {**{k: v for k, v in data.items() if k != "path"}, "options": {**options, "path": data["path"]}}
         return data
 
 
@@ -179,7 +195,8 @@ class RoleConfig(Strict):
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="sampling while training")
     eval_generation: Optional[GenerationConfig] = Field(None, description="settings for greedy evaluation "
                                                         "(`eval_samples: 1`); null = `generation`")
-    trainable: bool = Field(True, description="false = the role acts but its turns are never trained on")
+    trainable: bool = Field(True, description="false = the role acts but its turns are never trained on; false "
+                            "by default on a frozen group")
     parser: Optional[ParserConfig] = Field(None, description="how the answer is read from the output; a plain "
                                            "string is a regex; null = the stripped text")
     memory: Literal["none", "own", "shared"] = Field(
@@ -455,6 +472,15 @@ class ExperimentConfig(Strict):
         for group in value:
             safe_name(group, "model group name")
         return value
+
+    @model_validator(mode="after")
+    def _frozen_groups_freeze_their_roles(self) -> "ExperimentConfig":
+        """One flag freezes a group's roles; an explicit ``trainable: true`` stays, for `unimas validate` to refuse."""
+        for role in self.roles.values():
+            group = self.models.get(role.model)
+            if group is not None and not group.trainable and "trainable" not in role.model_fields_set:
+                role.trainable = False
+        return self
 
     @property
     def stop_condition(self) -> Optional[StopCondition]:

@@ -6,16 +6,21 @@ records a turn node; passing an earlier turn or tool node as a variable both
 inserts its text and records the "consumed" edge. ``ctx.tool(name, **args)``
 runs a registered tool and records a tool node. Python and graph workflows go
 through these same two calls, so both produce the same graph trajectory.
+``ctx.metric(name, value)`` records a number of the workflow's own, logged per
+step as ``workflow/<name>`` (docs/metrics.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import math
+import numbers
+import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-from unimas.config.schema import RoleConfig
+from unimas.config.schema import RoleConfig, WorkflowConfig
 from unimas.controller.conversation import conversation
 from unimas.controller.router import Router
 from unimas.controller.timeouts import call_with_timeout
@@ -26,6 +31,16 @@ from unimas.workflow.templates import render
 
 if TYPE_CHECKING:
     from unimas.controller.specs import ReplayPrefix
+
+METRIC_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A ``ctx.metric`` name: no ``/``, so ``workflow/<name>`` and ``workflow/<name>/count`` never collide."""
+
+
+def workflow_label(workflow: WorkflowConfig) -> str:
+    """How errors name the run's workflow: ``workflow 'signalling'``, or its kind when it has no name."""
+    if workflow.name is not None:
+        return f"workflow '{workflow.name}'"
+    return "the graph workflow" if workflow.graph is not None else "the agent workflow"
 
 
 def node_value(value: Any) -> Any:
@@ -40,7 +55,8 @@ def node_value(value: Any) -> Any:
 class EpisodeContext:
     """A workflow's handle on its episode: ``act`` for role turns, ``tool`` for tool calls.
 
-    ``trajectory`` is the graph being recorded and ``task`` the dataset row.
+    ``trajectory`` is the graph being recorded and ``task`` the dataset row;
+    ``workflow`` names the workflow in errors.
     """
 
     def __init__(
@@ -53,6 +69,7 @@ class EpisodeContext:
         tool_timeout_s: float = 60.0,
         parsers: Mapping[str, Callable[[str], Any]] | None = None,
         prefix: "ReplayPrefix | None" = None,
+        workflow: str = "the workflow",
     ):
         self.trajectory = trajectory
         self.task = trajectory.task
@@ -66,6 +83,30 @@ class EpisodeContext:
         """A fork's recorded turns: ``act`` returns them instead of sampling (token-exact replay)."""
         self._role_counts: dict[str, int] = {}
         self._tool_counts: dict[str, int] = {}
+        self._workflow = workflow
+
+    def metric(self, name: str, value: float) -> None:
+        """Record one number of the workflow's own for this episode, e.g. ``ctx.metric("rounds", 3)``.
+
+        Each step logs ``workflow/<name>``: the mean over the step's episodes
+        that recorded it (an episode that records it several times counts with
+        the mean of its values), and ``workflow/<name>/count``: how many episodes
+        did (``eval/workflow/...`` for evaluations). A name outside
+        :data:`METRIC_NAME` or a value that is not a finite real number raises
+        :class:`WorkflowMetricError`, which fails this episode like any bug in
+        the workflow, with the metric and the workflow named.
+        """
+        if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
+            raise WorkflowMetricError(f"ctx.metric({_short(name)}, ...) in {self._workflow}: a metric name is 1 to 64 "
+                                      "letters, digits, '_', '.' or '-' (no '/'; it is logged as workflow/<name>)")
+        try:
+            number = float(value) if isinstance(value, numbers.Real) else math.nan
+        except OverflowError:  # an int past float range
+            number = math.inf
+        if not math.isfinite(number):
+            raise WorkflowMetricError(f"ctx.metric({name!r}, {_short(value)}) in {self._workflow}: the value must be a "
+                                      "finite real number")
+        self.trajectory.metrics.setdefault(name, []).append(number)
 
     def _consumed(self, after: Iterable[Any], values: Mapping[str, Any]) -> list[str]:
         ids = [n.id if isinstance(n, (TurnNode, ToolNode)) else str(n) for n in after]
@@ -189,6 +230,16 @@ class EpisodeContext:
             node.error = f"{type(exc).__name__}: {exc}"
         node.ended = time.perf_counter()
         return self.trajectory.add_node(node, self._consumed(after, arguments))
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` for an error message, or its type when that is long."""
+    shown = repr(value)
+    return shown if len(shown) <= 40 else f"<a {type(value).__name__}>"
+
+
+class WorkflowMetricError(ValueError):
+    """``ctx.metric`` got a bad name or value: the workflow's bug, so its episode fails (the run goes on)."""
 
 
 class UnsupportedControl(RuntimeError):

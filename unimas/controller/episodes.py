@@ -34,8 +34,9 @@ class Controller:
     def __init__(self, workflow: Workflow, roles: Mapping[str, RoleConfig], router: Router,
                  tools: Mapping[str, Callable[..., Any]], max_concurrent: int = 1024,
                  tool_timeout_s: float = 60.0, episode_timeout_s: float = 600.0,
-                 parsers: Mapping[str, Callable[[str], Any]] | None = None):
+                 parsers: Mapping[str, Callable[[str], Any]] | None = None, workflow_label: str = "the workflow"):
         self.workflow = workflow
+        self.workflow_label = workflow_label
         self.roles = roles
         self.router = router
         self.tools = tools
@@ -49,7 +50,8 @@ class Controller:
         if spec.prefix is not None:
             trajectory.forked_from, trajectory.fork_turn = spec.prefix.parent, spec.prefix.fork_turn
         context = EpisodeContext(trajectory, self.roles, self.router, self.tools, greedy=greedy,
-                                 tool_timeout_s=self.tool_timeout_s, parsers=self.parsers, prefix=spec.prefix)
+                                 tool_timeout_s=self.tool_timeout_s, parsers=self.parsers, prefix=spec.prefix,
+                                 workflow=self.workflow_label)
         trajectory.started = time.perf_counter()
         try:
             outcome = await deadlines.run(self.workflow(context, spec.task))

@@ -54,15 +54,23 @@ class Router:
         self._live_episodes -= 1
         self._maybe_flush()
 
-    async def submit(self, group: str, request: GenRequest, episode: str = "") -> GenResult:
-        future = asyncio.get_running_loop().create_future()
-        self._queues[group].append((request, future, episode))
+    def submit(self, group: str, request: GenRequest, episode: str = "") -> asyncio.Future[GenResult]:
+        """Queue ``request``; ``await`` the returned future for its result.
+
+        A plain function, not a coroutine: the request is queued when called, and the
+        awaiting episode waits on the future itself, without a coroutine frame per turn.
+        """
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        queue = self._queues[group]
+        queue.append((request, future, episode))
         self._pending[episode] += 1
-        if len(self._queues[group]) >= self.max_batch_size:
+        if len(queue) >= self.max_batch_size:
             self._flush(group)
-        else:
-            self._maybe_flush()
-        return await future
+        elif not self._check_scheduled:  # the queue holds this request: schedule the check
+            self._check_scheduled = True
+            loop.call_soon(self._check)
+        return future
 
     def _maybe_flush(self) -> None:
         if not self._check_scheduled and any(self._queues.values()):

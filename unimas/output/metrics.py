@@ -53,6 +53,22 @@ def rollout_metrics(trajectories: list[GraphTrajectory], roles: Iterable[str],
     metrics["episode/tool_calls"] = _mean([float(len(t.tool_calls())) for t in trajectories])
     metrics["episode/failures"] = float(sum(t.failed for t in trajectories))
     metrics["episode/wall_s"] = _mean([t.ended - t.started for t in trajectories])
+    metrics.update(workflow_metrics(trajectories))
+    return metrics
+
+
+def workflow_metrics(trajectories: list[GraphTrajectory], prefix: str = "workflow/") -> dict[str, float]:
+    """What workflows logged with ``ctx.metric``: per name, the mean over the episodes that logged it (each
+    episode weighs one, with the mean of its own values) and how many episodes did (``<name>/count``)."""
+    per_episode: dict[str, list[float]] = defaultdict(list)
+    for traj in trajectories:
+        for name, values in traj.metrics.items():
+            if values:
+                per_episode[name].append(_mean(values))
+    metrics: dict[str, float] = {}
+    for name in sorted(per_episode):
+        metrics[f"{prefix}{name}"] = _mean(per_episode[name])
+        metrics[f"{prefix}{name}/count"] = float(len(per_episode[name]))
     return metrics
 
 
@@ -75,6 +91,7 @@ def evaluation_metrics(trajectories: list[GraphTrajectory], config: ExperimentCo
         if turns:
             metrics[f"eval/role/{role}/reward_mean"] = _mean([t.reward for t in turns])
     metrics["eval/failures"] = float(sum(t.failed for t in trajectories))
+    metrics.update(workflow_metrics(trajectories, prefix="eval/workflow/"))
     return metrics
 
 

@@ -12,6 +12,9 @@
                                   when the run has them) + COMPLETE (written last: marks a finished checkpoint)
       snapshots/<group>/step_N/   a snapshot pool's weights (unimas/training/snapshots.py)
       checkpoints/damaged-step_N/ a damaged checkpoint a resume skipped (kept for inspection)
+      run_end.json                how training ended: finished, stopped (trainer.stop_when), crashed or
+                                  interrupted, at which step (unimas/output/run_end.py); none while running
+                                  or after a kill
       report.html, plots/*.png    written by `unimas report`
 
 Every path a run writes or deletes goes through :meth:`RunDir.owned`: it must
@@ -34,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 from unimas.errors import UserError
 from unimas.safe_load import load_json
+from unimas.trajectory import recorded_step
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ class RunDir:
         """
         _truncate_after(self.metrics, step, lambda record: record.get("step"))
         for split in ("train", "eval"):
-            _truncate_after(self.trajectories(split), step, lambda record: record.get("outcome", {}).get("_step"))
+            _truncate_after(self.trajectories(split), step, recorded_step)
 
     @staticmethod
     def is_complete(checkpoint: Path) -> bool:

@@ -117,11 +117,34 @@ def describe_dry_run(experiment: Experiment, result: DryRun) -> str:
     for key, spec in zip(reward_keys(config.rewards), config.rewards):
         values = [t.rewards[key] for t in scored]
         if spec.level == "trajectory":
-            shown = f"mean {sum(values) / len(values):.3f}" if values else "no scored episodes"
-        else:
-            reached = sorted({k for value in values for k in value})
-            shown = f"keys {', '.join(reached[:6]) or 'none'}{' ...' if len(reached) > 6 else ''}"
+            shown = sample_values([float(v) for v in values]) if values else "no scored episodes"
+            lines.append(f"  reward {key} (level {spec.level}, weight {spec.weight:g}): {shown}")
+            continue
+        reached = sorted({k for value in values for k in value})
+        shown = f"keys {', '.join(reached[:6]) or 'none'}{' ...' if len(reached) > 6 else ''}"
         lines.append(f"  reward {key} (level {spec.level}, weight {spec.weight:g}): {shown}")
+        for role, role_values in per_role_values(scored, key).items():
+            lines.append(f"    {role}: {sample_values(role_values)}")
     for error, count in Counter(t.error for t in result.failures).most_common(5):
         lines.append(f"  failed x{count}: {error}")
     return "\n".join(lines)
+
+
+SAMPLE_SIZE = 4
+"""Values of a reward shown as they came, besides mean and range: a sign error shows in them."""
+
+
+def per_role_values(trajectories: list[GraphTrajectory], key: str) -> dict[str, list[float]]:
+    """A role- or turn-level reward's values grouped by the role they go to (a turn id maps to its role)."""
+    grouped: dict[str, list[float]] = {}
+    for trajectory in trajectories:
+        role_of = {turn.id: turn.role for turn in trajectory.turns()}
+        for name, value in trajectory.rewards[key].items():
+            grouped.setdefault(role_of.get(name, name), []).append(float(value))
+    return dict(sorted(grouped.items()))
+
+
+def sample_values(values: list[float]) -> str:
+    """``mean m (min a, max b; first: v1, v2, ...)``, each to 3 significant digits."""
+    first = ", ".join(f"{v:.3g}" for v in values[:SAMPLE_SIZE]) + (" ..." if len(values) > SAMPLE_SIZE else "")
+    return f"mean {sum(values) / len(values):.3g} (min {min(values):.3g}, max {max(values):.3g}; first: {first})"

@@ -91,8 +91,9 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
                 f"it would train nothing; give it one (adapter: {name}), or set trainable: false to act with the "
                 "frozen base, or lora.train_base: true")
         if role.trainable and not group.trainable:
-            add(f"{where}.trainable", f"model group '{role.model}' is frozen (trainable: false); "
-                f"set roles.{name}.trainable: false")
+            add(f"{where}.trainable", f"roles.{name}.trainable: true conflicts with models.{role.model}.trainable: "
+                f"false (a frozen group trains nothing); drop roles.{name}.trainable (the roles of a frozen group "
+                f"are frozen) or set models.{role.model}.trainable: true")
         for attr in ("system", "template"):
             try:
                 template_fields(getattr(role, attr) or "")  # no template: an agent role
@@ -168,7 +169,7 @@ def _critic_problems(config: ExperimentConfig, registry: Registry, needs_values:
             problems.append((where, f"algorithm.estimator '{estimator}' takes no values, so this critic would "
                              "train for nothing; use estimator: gae, or remove the critic"))
         elif backend is not None and not getattr(backend, "supports_critic", False):
-            problems.append((where, f"backend '{group.backend}' has no critic (only the torch backend does)"))
+            problems.append((where, f"backend '{group.backend}' has no critic (only the torch and verl backends do)"))
     return problems
 
 
@@ -193,12 +194,25 @@ def _algorithm_plugin_problems(config: ExperimentConfig, registry: Registry) -> 
                              f"registered: {', '.join(registry.names(kind)) or 'none'}{registry.broken_hint()}"))
             continue
         factory = registry.get(kind, entry.name)
-        problems += _params_problems(factory, entry.name, entry.params, f"algorithm.{field}.params")
+        params_problems = _params_problems(factory, entry.name, entry.params, f"algorithm.{field}.params")
+        problems += params_problems
+        if field == "update_order" and not params_problems and _takes_values(config, registry) \
+                and getattr(factory(**entry.params), "rescales_advantages", False):
+            problems.append(("algorithm.update_order.params", f"'{entry.name}' with these params rescales each "
+                             f"turn's advantage, but algorithm.estimator '{config.algorithm.estimator}' computes "
+                             "per-token advantages from a critic inside the update, which the rescaling would "
+                             "not reach; drop the params that rescale, or use an estimator without values"))
         if config.workflow.agent is not None and getattr(factory, "uses_forks", False):
             problems.append((f"algorithm.{field}.name", f"'{entry.name}' forks recorded episodes, which is not "
                              "supported for a workflow.agent program (its requests carry no turn ids to replay; "
                              "docs/algorithms.md); use a rollout control that does not fork"))
     return problems
+
+
+def _takes_values(config: ExperimentConfig, registry: Registry) -> bool:
+    """Whether the run's estimator reads a critic's values (``gae``)."""
+    estimator = algorithms.estimators(registry).get(config.algorithm.estimator)
+    return estimator is not None and estimator.needs_critic
 
 
 def _loss_params_problems(config: ExperimentConfig, registry: Registry,
@@ -375,10 +389,55 @@ def summary(experiment: Experiment) -> str:
         lines.append(f"workflow: agent {agent.command or agent.function} through the OpenAI-compatible gateway")
     else:
         lines.append(f"workflow: python workflow '{config.workflow.name}'")
-    algo = config.algorithm
-    lines.append(f"algorithm: {algo.estimator} grouped by {algo.grouping}, G={algo.group_size}, loss {algo.loss}, "
-                 f"KL {algo.kl_coef}; runtime {config.runtime.kind}")
+    lines += algorithm_summary(experiment)
+    lines.append(f"runtime: {config.runtime.kind}")
     return "\n".join(lines)
+
+
+PLUGIN_DEFAULTS = {"rollout": "default: group_size independent episodes per task", "replay": "none",
+                   "update_order": "default: all groups in parallel", "credit": "none: the summed rewards"}
+PLUGIN_LABELS = {"rollout": "rollout control", "replay": "replay", "update_order": "update order",
+                 "credit": "credit shaper"}
+
+
+def algorithm_summary(experiment: Experiment) -> list[str]:
+    """The algorithm in force, one line per extension point, so that a plugin left out (or in) is seen."""
+    config, registry = experiment.config, experiment.registry
+    algo = config.algorithm
+    estimator_params = f" {algo.estimator_params}" if algo.estimator_params else ""
+    loss_params = f" {algo.loss_params}" if algo.loss_params else ""
+    lines = ["algorithm:",
+             f"  estimator: {algo.estimator}{estimator_params} ({_provider(registry, 'estimators', algo.estimator)})"
+             f", grouped by {algo.grouping}, G={algo.group_size}",
+             f"  loss: {algo.loss}{loss_params} ({_provider(registry, 'policy_losses', algo.loss)}), "
+             f"KL {algo.kl_coef:g}, entropy {algo.entropy_coef:g}"]
+    forks = []
+    for field, kind in ALGORITHM_PLUGINS.items():
+        entry = getattr(algo, field)
+        if entry is None:
+            lines.append(f"  {PLUGIN_LABELS[field]}: {PLUGIN_DEFAULTS[field]}")
+            continue
+        params = f" {entry.params}" if entry.params else ""
+        lines.append(f"  {PLUGIN_LABELS[field]}: {entry.name}{params} ({_provider(registry, kind, entry.name)})")
+        if getattr(registry.get(kind, entry.name), "uses_forks", False):
+            forks.append(f"algorithm.{field} '{entry.name}' forks recorded episodes")
+    staleness = (f"{algo.max_staleness} (asynchronous: stale turns {algo.stale_turns}, importance cap "
+                 f"{algo.importance_cap:g})" if algo.max_staleness else "0 (synchronous: rollouts, then updates)")
+    if _takes_values(config, registry):
+        where = f" (model group '{algo.central_critic}')" if algo.critic == "centralized" else ""
+        lines.append(f"  critic: {algo.critic}{where}, gamma {algo.gamma:g}, lam {algo.lam:g}")
+    lines.append(f"  max_staleness: {staleness}")
+    lines.append(f"  forking: {'; '.join(forks) if forks else 'no'}")
+    for name, group in config.models.items():
+        overrides = group.algorithm.model_dump(exclude_none=True)
+        if overrides:
+            lines.append(f"  models.{name}.algorithm: " + ", ".join(f"{k} {v}" for k, v in overrides.items()))
+    return lines
+
+
+def _provider(registry: Registry, kind: str, name: str) -> str:
+    """Who registered ``name``: e.g. ``unimas`` or a plugin package (the built-in verl names are not registered)."""
+    return f"from {registry.provider(kind, name)}" if registry.has(kind, name) else "built in"
 
 
 def _has_chat_template(experiment: Experiment, group: str) -> bool:

@@ -23,7 +23,9 @@ from typing import Any
 
 import networkx as nx
 
-from unimas.report.sources import Note, Skipped, bounded, json_lines, metrics_records, read_config
+from unimas.output.run_end import RunEnd
+from unimas.report.sources import Note, Skipped, bounded, config_text, json_lines, metrics_records, read_config, \
+    read_end
 
 MAX_TEXT = 2000
 """Characters of a text (response, message, prompt) kept per node; the rest is cut with a marker.
@@ -64,6 +66,12 @@ class RunData:
     """Key of the first trajectory-level reward: what ``eval/accuracy`` holds the mean of."""
     mapping: list[GroupMapping] = field(default_factory=list)
     """One row per model group from config.yaml; empty when the config is missing."""
+    reward_levels: dict[str, str] = field(default_factory=dict)
+    """Reward key (as ``reward/<key>/<role>`` names it) -> level, in config order; empty without a config."""
+    config_text: str | None = None
+    """config.yaml as written, shown in the header; None when missing or unreadable."""
+    end: RunEnd | None = None
+    """How training ended (run_end.json); None while running, after a kill, or for a record a resume outran."""
     episodes: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     """Split ("train" / "eval") -> slimmed episodes, as the viewer reads them."""
     skipped: list[Skipped] = field(default_factory=list)
@@ -100,7 +108,11 @@ def load_run(root: Path) -> RunData:
     steps = config["trainer"].get("steps")
     planned = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
     run = RunData(root=root, name=str(config.get("name") or root.name), records=records, roles=roles,
-                  groups=groups, planned_steps=planned, primary_reward=primary, mapping=model_mapping(config))
+                  groups=groups, planned_steps=planned, primary_reward=primary, mapping=model_mapping(config),
+                  reward_levels=reward_levels(config["rewards"]), config_text=config_text(root / "config.yaml"))
+    end = read_end(root, note("run_end.json"))
+    last = max((r["step"] for r in records if isinstance(r.get("step"), int)), default=0)
+    run.end = end if end is not None and end.step >= last else None
     if (root / "trajectories").exists() and not (root / "trajectories").is_dir():
         note("trajectories")(None, "not a directory; no episodes shown")
     for split in ("train", "eval"):
@@ -147,6 +159,17 @@ def _names(records: list[dict[str, Any]], prefix: str, part: int) -> list[str]:
             if key.startswith(prefix):
                 seen[key.split("/")[part]] = None
     return list(seen)
+
+
+def reward_levels(rewards: list[Any]) -> dict[str, str]:
+    """Reward key -> level of each well-formed entry, keyed like ``unimas.algorithms.credit.reward_keys``."""
+    names = [r.get("name") if isinstance(r, dict) else None for r in rewards]
+    levels = {}
+    for index, spec in enumerate(rewards):
+        if isinstance(spec, dict) and isinstance(spec.get("name"), str):
+            key = spec["name"] if names.count(spec["name"]) == 1 else f"{spec['name']}#{index}"
+            levels[key] = str(spec.get("level", "trajectory"))
+    return levels
 
 
 def _primary_reward(rewards: list[dict[str, Any]]) -> str | None:
@@ -273,9 +296,16 @@ def _check(episode: Any) -> None:
                                               and all(isinstance(end, str) for end in e) for e in edges):
         raise DamagedEpisode("'edges' is not a list of [from, to] id pairs")
     outcome = episode.get("outcome")
-    step = outcome.get("_step", 0) if isinstance(outcome, dict) else 0
+    step = _step_of(episode, dict(outcome) if isinstance(outcome, dict) else {})
     if isinstance(step, bool) or not isinstance(step, int):
-        raise DamagedEpisode("its step (outcome._step) is not an integer")
+        raise DamagedEpisode("its step is not an integer")
+
+
+def _step_of(episode: dict[str, Any], outcome: dict[str, Any]) -> Any:
+    """The episode's ``step``; files written before it moved beside the outcome have it as ``outcome._step``
+    (taken out of ``outcome``, which is shown)."""
+    step = episode.get("step")
+    return outcome.pop("_step", 0) if step is None else step
 
 
 def slim_episode(episode: dict[str, Any], primary: str | None) -> dict[str, Any]:
@@ -309,7 +339,7 @@ def slim_episode(episode: dict[str, Any], primary: str | None) -> dict[str, Any]
     task = episode.get("task")
     dataset_id = task.get("id") if isinstance(task, dict) else None
     outcome = dict(episode["outcome"]) if isinstance(episode.get("outcome"), dict) else {}
-    step = outcome.pop("_step", 0)
+    step = _step_of(episode, outcome)
     rewards = episode.get("rewards")
     problems = episode.get("error") is not None or any(n.get("parse_error") or n.get("error") for n in nodes)
     return {

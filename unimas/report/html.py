@@ -1,23 +1,22 @@
 """Assemble report.html: one file that opens anywhere, offline.
 
-CSS, JavaScript, plot images (base64) and the episode data (JSON) are all
-inlined into ``viewer.html``, so the report can be mailed, archived or opened
-from a CI artifact without a server or network access.
+CSS, JavaScript (the vendored uPlot chart library included), the chart data
+and the episode data (JSON) are all inlined into ``viewer.html``, so the
+report can be mailed, archived or opened from a CI artifact without a server
+or network access.
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import json
 import math
 import re
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
+from unimas.report.charts import chart_groups
 from unimas.report.data import GroupMapping, RunData
-from unimas.report.plots import PLOTS
 
 
 def _asset(name: str) -> str:
@@ -34,28 +33,62 @@ def _number(value: Any) -> str:
     return str(value)
 
 
-def header(run: RunData) -> str:
+def facts(run: RunData) -> str:
+    """One run's key facts, how it ended, its model mapping, its config and what was skipped."""
     planned = run.planned_steps
     done = max((int(r.get("step", 0)) for r in run.train_records), default=0)
-    facts = [("run", str(run.root)), ("steps", f"{done}/{planned}" if planned is not None else str(done)),
+    items = [("run", str(run.root)), ("steps", f"{done}/{planned}" if planned is not None else str(done)),
              ("roles", ", ".join(run.roles) or "–"), ("model groups", ", ".join(run.groups) or "–")]
+    if run.end is not None:
+        items.append(("ended", run.end.status))
     last = run.train_records[-1] if run.train_records else {}
     evals = [r for r in run.records if "eval/accuracy" in r]
     if "reward/mean" in last:
-        facts.append(("last reward/mean", _number(last["reward/mean"])))
+        items.append(("last reward/mean", _number(last["reward/mean"])))
     if evals:  # eval/accuracy is the primary reward's mean, graded or not: label it as a reward
         label = f"eval reward ({run.primary_reward})" if run.primary_reward else "eval reward"
-        facts.append((f"{label} @ step {evals[-1]['step']}", _number(evals[-1]["eval/accuracy"])))
-    items = "".join(f"<span>{html.escape(k)}: <b>{html.escape(v)}</b></span>" for k, v in facts)
-    warning = ""
+        items.append((f"{label} @ step {evals[-1]['step']}", _number(evals[-1]["eval/accuracy"])))
+    shown = "".join(f"<span>{html.escape(k)}: <b>{html.escape(v)}</b></span>" for k, v in items)
+    return (f'<div class="facts">{shown}</div>{mapping(run.mapping)}{ending(run, done)}{config_block(run)}'
+            f"{skipped(run)}")
+
+
+def ending(run: RunData, done: int) -> str:
+    """How the run ended (run_end.json); without that record, a warning only when steps are missing."""
+    end, planned = run.end, run.planned_steps
+    if end is not None and end.status == "stopped":
+        return (f'<div class="stopped run-end">stopped early at step {end.step} of {end.planned_steps} by '
+                f"{html.escape(end.reason)}</div>")
+    if end is not None and end.status in ("crashed", "interrupted"):
+        return (f'<div class="warn run-end">{end.status} at step {end.step} of {end.planned_steps}: '
+                f"{html.escape(end.reason)}</div>")
     if not run.train_records:
-        warning = ('<div class="warn">no training steps recorded: an `unimas eval` run, '
-                   "or training stopped before its first step</div>")
-    elif planned is not None and done < planned:
-        warning = (f'<div class="warn">incomplete: metrics stop at step {done} of {planned} '
-                   "(still running, stopped early or killed)</div>")
-    return (f'<h1>unimas report — {html.escape(run.name)}</h1><div class="facts">{items}</div>'
-            f"{mapping(run.mapping)}{warning}{skipped(run)}")
+        return ('<div class="warn">no training steps recorded: an `unimas eval` run, '
+                "or training stopped before its first step</div>")
+    if end is None and planned is not None and done < planned:
+        return (f'<div class="warn">incomplete: metrics stop at step {done} of {planned} '
+                "(still running, or killed: no run_end.json)</div>")
+    return ""
+
+
+def config_block(run: RunData) -> str:
+    """The run's config.yaml, folded: what a reader checks first when two runs differ."""
+    if run.config_text is None:
+        return ""
+    return (f'<details class="run-config"><summary>config.yaml</summary><pre>{html.escape(run.config_text)}</pre>'
+            "</details>")
+
+
+def header(run: RunData) -> str:
+    return f"<h1>unimas report — {html.escape(run.name)}</h1>{facts(run)}"
+
+
+def overlay_header(runs: list[RunData]) -> str:
+    """An overlay's title and, per run, its facts under its name."""
+    names = " vs ".join(run.name for run in runs)
+    blocks = "".join(f'<div class="run-facts" data-run="{html.escape(run.name)}"><h2>{html.escape(run.name)}</h2>'
+                     f"{facts(run)}</div>" for run in runs)
+    return f"<h1>unimas report — {html.escape(names)}</h1>{blocks}"
 
 
 def skipped(run: RunData) -> str:
@@ -79,20 +112,10 @@ def mapping(rows: list[GroupMapping]) -> str:
     return f'<ul class="mapping" id="model-mapping">{"".join(lines)}</ul>'
 
 
-OVERVIEW = ("rewards", "reward_distribution")
-"""Plots shown above the trajectory viewer; the others go below it."""
-
-
-def figures(images: dict[str, Path], stems: list[str]) -> str:
-    """``<figure>`` elements with the PNGs inlined as base64 data URLs."""
-    out = []
-    for stem in stems:
-        path = images[stem]
-        encoded = base64.b64encode(path.read_bytes()).decode("ascii")
-        caption = html.escape(PLOTS[stem][0])
-        out.append(f'<figure><img id="plot-{stem}" alt="{caption}" src="data:image/png;base64,{encoded}">'
-                       f"<figcaption>{caption} (plots/{stem}.png)</figcaption></figure>")
-    return "\n".join(out)
+def chart_section(groups: list[dict[str, Any]], section: str) -> str:
+    """Empty containers, one per chart group of ``section``, that charts.js fills."""
+    return "\n".join(f'<div class="chart-group" id="{html.escape(g["id"])}"><h3>{html.escape(g["caption"])}</h3>'
+                     f'<div class="charts"></div></div>' for g in groups if g["section"] == section)
 
 
 def metrics_table(run: RunData) -> str:
@@ -132,16 +155,29 @@ def script_json(data: Any) -> str:
     return json.dumps(data, default=str).translate(SCRIPT_SAFE)
 
 
-def render(run: RunData, images: dict[str, Path]) -> str:
-    data = _finite({"roles": run.roles, "episodes": run.episodes})
+SCRIPTS = ("vendor/uPlot.iife.min.js", "charts.js", "viewer.js")
+"""Concatenated into the page's one script element, uPlot first."""
+
+
+def render(runs: list[RunData]) -> str:
+    """The page of one run, or of several overlaid (each chart one series per run and line)."""
+    groups = chart_groups(runs)
+    runs_data = [{"name": run.name, "roles": run.roles, "episodes": run.episodes} for run in runs]
+    workflow = chart_section(groups, "workflow")
+    tables = metrics_table(runs[0]) if len(runs) == 1 else "".join(
+        f"<h3>{html.escape(run.name)}</h3>{metrics_table(run)}" for run in runs)
     parts = {
-        "title": html.escape(f"unimas report — {run.name}"),
-        "style": _asset("viewer.css"),
-        "script": _asset("viewer.js"),
-        "header": header(run),
-        "overview": figures(images, [s for s in images if s in OVERVIEW]),
-        "health": figures(images, [s for s in images if s not in OVERVIEW]),
-        "metrics": metrics_table(run),
-        "data": script_json(data),
+        "title": html.escape("unimas report — " + " vs ".join(run.name for run in runs)),
+        "style": _asset("vendor/uPlot.min.css") + "\n" + _asset("viewer.css"),
+        "script": "\n;\n".join(_asset(name) for name in SCRIPTS),
+        "header": header(runs[0]) if len(runs) == 1 else overlay_header(runs),
+        "overview": chart_section(groups, "overview") or '<div class="empty">no metrics recorded yet</div>',
+        "workflow": (f'<section id="workflow-metrics"><h2>Workflow metrics</h2><p class="hint">What the workflow '
+                     f"logged with <code>ctx.metric(name, value)</code>: the mean over each step's episodes (train) and over the "
+                     f"evaluation episodes (eval)."
+                     f"</p>{workflow}</section>") if workflow else "",
+        "health": chart_section(groups, "health"),
+        "metrics": tables,
+        "data": script_json(_finite({"runs": runs_data, "charts": groups})),
     }
     return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], _asset("viewer.html"))

@@ -1,4 +1,6 @@
-"""PNG plots of a run, drawn with matplotlib's Agg canvas.
+"""PNG plots of a run (``RUN_DIR/plots/*.png``, for slides and papers), drawn with matplotlib's Agg canvas.
+
+The page itself draws interactive charts (:mod:`unimas.report.charts`); these files are the static copies.
 
 Figures are built with ``matplotlib.figure.Figure`` rather than pyplot, so
 writing a report never switches the global backend or opens a window, even
@@ -15,34 +17,12 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from unimas.report.data import RunData, finite
+from unimas.report.charts import CRITIC_METRICS, EPISODE_METRICS, GROUP_METRICS, ROLE_METRICS, plottable, series
+from unimas.report.data import RunData
 
-GROUP_METRICS = ["policy_loss", "kl", "entropy", "clip_frac", "grad_norm", "train_tokens_per_s"]
-ROLE_METRICS = ["format_error_rate", "response_length", "advantage_std", "zero_variance_frac"]
-CRITIC_METRICS = ["value_loss", "explained_variance", "value_mean", "value_clip_frac"]
-"""``group/<g>/critic/<metric>`` of each group with a critic (docs/critic.md), beside the advantage spread per role."""
 LINE_STYLES = ["-", "--", ":", "-."]
 """Cycled per line so that identical series (e.g. roles sharing a team reward) stay distinguishable."""
-EPISODE_METRICS = ["episode/turns", "episode/tool_calls", "episode/failures", "episode/wall_s", "time/step_s"]
-PLOT_LIMIT = 1e300
-"""Largest magnitude drawn. Matplotlib's axis arithmetic (the span, its margins, tick steps) overflows for
-values near the float maximum, so ±1e308 on one axis would stop the whole report; such points are left out
-and counted on the plot instead."""
 LEFT_OUT = "{count} not drawn (NaN, ±inf, text or |value| > 1e300)"
-
-
-def plottable(value: Any) -> float | None:
-    """``value`` as a float a plot can take, or None (text, bool, NaN, ±inf, magnitude over ``PLOT_LIMIT``)."""
-    number = finite(value)
-    return number if number is not None and abs(number) <= PLOT_LIMIT else None
-
-
-def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float], int]:
-    """(steps, values) of the records that carry a plottable number under ``key``, and how many records carry
-    something else there (text, NaN, ±inf, a huge number, or a step too large to plot): those are left out."""
-    points = [(plottable(r["step"]), plottable(r[key])) for r in records if r.get(key) is not None]
-    kept = [(s, v) for s, v in points if s is not None and v is not None]
-    return [s for s, _ in kept], [v for _, v in kept], len(points) - len(kept)
 
 
 def _grid(count: int, columns: int = 3) -> tuple[Figure, list[Axes]]:

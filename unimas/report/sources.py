@@ -18,6 +18,7 @@ import yaml
 from unimas.errors import UserError
 from unimas.output.jsonl import text_lines
 from unimas.output.metrics import read_metrics
+from unimas.output.run_end import RunEnd, read_run_end
 
 Note = Callable[[int | None, str], None]
 """``note(line number or None, why)``: records one damaged part of one file."""
@@ -93,6 +94,26 @@ def read_config(path: Path, note: Note) -> dict[str, Any]:
         value = value if isinstance(value, kind) else kind()
         config[key] = {str(k): v for k, v in value.items()} if kind is dict else value
     return config
+
+
+def config_text(path: Path) -> str | None:
+    """config.yaml's text for the page (invalid UTF-8 replaced); None when absent, unreadable or over the cap
+    (:func:`read_config` has noted why)."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_CONFIG + 1)
+    except OSError:
+        return None
+    return raw.decode("utf-8", errors="replace") if len(raw) <= MAX_CONFIG else None
+
+
+def read_end(root: Path, note: Note) -> RunEnd | None:
+    """run_end.json, or None when absent; a damaged one is noted and ignored (the run reads as unfinished)."""
+    try:
+        return read_run_end(root)
+    except UserError as exc:
+        note(None, f"{str(exc).removeprefix(f'{exc.where}: ')}; ignored")
+        return None
 
 
 def _load_yaml(path: Path, note: Note) -> Any:

@@ -11,12 +11,14 @@
   const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948", "#e15759", "#9c755f"];
   const BOX = { w: 210, h: 76, dx: 40, dy: 46, pad: 20 };
   const $ = (id) => document.getElementById(id);
-  const pick = { split: $("pick-split"), step: $("pick-step"), outcome: $("pick-outcome"), episode: $("pick-episode") };
+  const pick = { run: $("pick-run"), split: $("pick-split"), step: $("pick-step"), outcome: $("pick-outcome"),
+                 episode: $("pick-episode") };
+  let run = data.runs[0] || { name: "", roles: [], episodes: {} };  // an overlay: the run picked in `pick.run`
 
   function colour(node) {
     if (node.kind !== "turn") return "#9aa1ad";
-    const index = data.roles.indexOf(node.role);
-    return PALETTE[(index < 0 ? data.roles.length : index) % PALETTE.length];
+    const index = run.roles.indexOf(node.role);
+    return PALETTE[(index < 0 ? run.roles.length : index) % PALETTE.length];
   }
 
   function fmt(value) {
@@ -41,14 +43,14 @@
   function episodes() {
     const split = pick.split.value;
     const step = Number(pick.step.value);
-    let list = (data.episodes[split] || []).filter((e) => e.step === step);
+    let list = (run.episodes[split] || []).filter((e) => e.step === step);
     if (pick.outcome.value === "failed") list = list.filter((e) => e.failed);
     const sign = pick.outcome.value === "best" ? -1 : 1;
     return list.slice().sort((a, b) => sign * (a.score - b.score));
   }
 
   function fillSteps() {
-    const steps = [...new Set((data.episodes[pick.split.value] || []).map((e) => e.step))].sort((a, b) => a - b);
+    const steps = [...new Set((run.episodes[pick.split.value] || []).map((e) => e.step))].sort((a, b) => a - b);
     pick.step.replaceChildren();
     steps.forEach((s) => option(pick.step, s, `step ${s}`));
     if (steps.length) pick.step.value = String(steps[steps.length - 1]);
@@ -229,7 +231,8 @@
 
   function legend() {
     const box = $("legend");
-    data.roles.forEach((role) => {
+    box.replaceChildren();
+    run.roles.forEach((role) => {
       const item = el("span", { "data-legend-role": role });
       const swatch = el("span", { class: "swatch" });
       swatch.style.background = colour({ kind: "turn", role });
@@ -238,11 +241,19 @@
     });
   }
 
-  const splits = Object.keys(data.episodes).filter((s) => data.episodes[s].length);
-  splits.forEach((s) => option(pick.split, s, s));
-  legend();
+  function showRun() {
+    const splits = Object.keys(run.episodes).filter((s) => run.episodes[s].length);
+    pick.split.replaceChildren();
+    splits.forEach((s) => option(pick.split, s, s));
+    legend();
+    if (splits.length) fillSteps(); else { pick.step.replaceChildren(); pick.episode.replaceChildren(); show(null); }
+  }
+
+  data.runs.forEach((r, i) => option(pick.run, i, r.name));
+  if (data.runs.length < 2) $("pick-run-label").hidden = true;
+  pick.run.onchange = () => { run = data.runs[Number(pick.run.value)]; showRun(); };
   pick.split.onchange = fillSteps;
   pick.step.onchange = fillEpisodes;
   pick.outcome.onchange = fillEpisodes;
-  if (splits.length) fillSteps(); else show(null);
+  showRun();
 })();

@@ -41,14 +41,14 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from unimas.config.loading import config_from_dict
-from unimas.config.schema import ExperimentConfig, RuntimeConfig
+from unimas.config.schema import ExperimentConfig, ModelGroupConfig, RuntimeConfig
 from unimas.contract.registry import build_registry
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import Critique, GenRequest, GenResult, TrainTurn
 from unimas.groups.verl import plan as verl_plan
 from unimas.process import torch_setup
 from unimas.runtime.build import build_group
-from unimas.runtime.placement import placement_plan
+from unimas.runtime.placement import describe, fits_some_node, group_need, placement_plan
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +115,19 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
                         "instance.", where="runtime.address") from None
 
 
+def node_label(address: str, node_id: str) -> str:
+    """How plans and errors name a node: its address, and the start of its id (several nodes may share a host)."""
+    return f"{address} ({node_id[:8]})"
+
+
+def _live_nodes() -> dict[str, dict]:
+    return {node["NodeID"]: node for node in ray.nodes() if node.get("Alive")}
+
+
 def cluster_resources() -> tuple[dict[str, float], list[tuple[str, dict[str, float]]]]:
-    """(cluster totals, [(node address, node resources)] of live nodes) as Ray reports them."""
-    nodes = [(node.get("NodeManagerAddress", "?"), dict(node.get("Resources", {})))
-             for node in ray.nodes() if node.get("Alive")]
+    """(cluster totals, [(node label, node resources)] of live nodes) as Ray reports them."""
+    nodes = [(node_label(node.get("NodeManagerAddress", "?"), node_id), dict(node.get("Resources", {})))
+             for node_id, node in _live_nodes().items()]
     return dict(ray.cluster_resources()), nodes
 
 
@@ -205,11 +214,14 @@ class RayTransport:
 
     ``actors`` maps group name to an actor handle with the methods of
     :class:`ModelGroupActor` (the controller benchmark passes stand-in
-    actors). ``spawn(name)`` creates a fresh actor for ``restart``.
+    actors). ``spawn(name)`` creates a fresh actor for ``restart``, after
+    checking that some live node still has room for the group's ``groups``
+    entry: a group pinned by a custom resource to a node that died would
+    otherwise wait for that node forever.
     """
 
     def __init__(self, actors: dict[str, Any], *, spawn: Callable[[str], Any] | None = None,
-                 owns_ray: bool = False):
+                 owns_ray: bool = False, groups: dict[str, ModelGroupConfig] | None = None):
         self.actors = dict(actors)
         self.info: dict[str, dict[str, Any]] = {}
         """Per group: pid, node id and the resources Ray assigned to its actor."""
@@ -217,6 +229,8 @@ class RayTransport:
         """(group, checkpoint it was restarted from or None for initial weights), in order."""
         self._spawn = spawn
         self._owns_ray = owns_ray
+        self._groups = dict(groups or {})
+        """Group name -> its config: what a replacement actor must find room for."""
 
     @classmethod
     def start(cls, config: ExperimentConfig) -> "RayTransport":
@@ -240,9 +254,11 @@ class RayTransport:
                                        "max_concurrency": 2 if overlap else 1}
             if res.memory_gb:
                 options["memory"] = int(res.memory_gb * 2**30)
+            if res.custom:
+                options["resources"] = dict(res.custom)
             return RemoteModelGroup.options(**options).remote(tree, name, driver_path)
 
-        transport = cls({}, spawn=spawn, owns_ray=owns_ray)
+        transport = cls({}, spawn=spawn, owns_ray=owns_ray, groups=config.models)
         try:
             totals, nodes = cluster_resources()
             placement_plan(config, totals, nodes)  # raises UserError before anything waits forever
@@ -250,7 +266,7 @@ class RayTransport:
             for name in names:
                 transport.actors[name] = spawn(name)
             infos = ray.get([transport.actors[name].setup.remote() for name in names])
-            transport.info = dict(zip(names, infos))
+            transport.info = {name: _with_node(info) for name, info in zip(names, infos)}
         except RayTaskError as exc:
             transport.shutdown()
             if isinstance(exc.cause, UserError):
@@ -271,7 +287,8 @@ class RayTransport:
         try:
             return await getattr(self.actors[group], method).remote(*args)
         except RayActorError as exc:
-            cause: BaseException = ActorDied(f"the Ray actor of model group '{group}' died: {_one_line(str(exc))}")
+            cause: BaseException = ActorDied(f"the Ray actor of model group '{group}' died{self._where(group)}: "
+                                             f"{_one_line(str(exc))}")
         except RayTaskError as exc:
             if isinstance(exc.cause, UserError):
                 raise exc.cause from None
@@ -299,6 +316,17 @@ class RayTransport:
     async def spans(self, group: str) -> list[tuple[str, float, float]]:
         return await self._call(group, "spans")
 
+    def _where(self, group: str) -> str:
+        """' on node 10.0.0.3 (1a2b3c4d), which is gone': where the group's actor ran, for its death message."""
+        node_id = self.info.get(group, {}).get("node_id")
+        if node_id is None:
+            return ""
+        try:
+            gone = node_id not in _live_nodes()
+        except Exception:  # noqa: BLE001 - Ray itself going down: the node's name is still worth saying
+            gone = False
+        return f" on node {self.info[group].get('node', node_id[:8])}" + (", which is gone" if gone else "")
+
     # -- lifecycle --------------------------------------------------------
     async def restart(self, group: str, checkpoint: Path | None) -> None:
         """Replace the group's actor with a fresh one: from ``checkpoint`` (a group dir), else initial weights."""
@@ -307,12 +335,24 @@ class RayTransport:
         old = self.actors.get(group)
         if old is not None:
             _kill(old)
+        if group in self._groups:
+            self._check_room(group)
         log.warning("restarting model group '%s' from %s", group, checkpoint or "its initial weights")
         self.actors[group] = self._spawn(group)
-        self.info[group] = await self._call(group, "setup")
+        self.info[group] = _with_node(await self._call(group, "setup"))
         if checkpoint is not None:
             await self.load(group, checkpoint)
         self.restarts.append((group, None if checkpoint is None else str(checkpoint)))
+
+    def _check_room(self, group: str) -> None:
+        """Fail now, not hang, when no live node could ever host the replacement (its node was the only one)."""
+        _totals, nodes = cluster_resources()
+        if not fits_some_node(self._groups[group], nodes):
+            res = self._groups[group].resources
+            raise ModelGroupError(group, "restart", RuntimeError(
+                f"no live node can host it ({describe(group_need(self._groups[group]))}); "
+                + (f"start a node with `ray start --resources` offering {res.custom}" if res.custom
+                   else "add a node with that much room")))
 
     def shutdown(self) -> None:
         """Kill every group actor; stop the local Ray instance only if we started it. Idempotent."""
@@ -322,6 +362,14 @@ class RayTransport:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()  # a joined cluster is only disconnected from, never stopped
         self._owns_ray = False
+
+
+def _with_node(info: dict[str, Any]) -> dict[str, Any]:
+    """An actor's ``info`` with ``node``: the label of the node it runs on, as plans and errors name it."""
+    node = _live_nodes().get(info.get("node_id", ""))
+    if node is not None:
+        info = {**info, "node": node_label(node.get("NodeManagerAddress", "?"), info["node_id"])}
+    return info
 
 
 def _kill(actor: Any) -> None:

@@ -4,7 +4,7 @@ Char tokenizers and in-memory tiny models never exercise the code paths a
 real checkpoint does: ``from_pretrained`` from a local dir, a byte-level BPE
 tokenizer whose tokens do not line up with characters, special tokens, and
 a Jinja chat template. :func:`build_chat_model` writes such a directory
-offline in about a second, so tests, CPU examples and GPU checks use the
+offline in seconds, so tests, CPU examples and GPU checks use the
 real loading, templating and parsing code without any download.
 
 Choices (in the style of Qwen2.5-Instruct):
@@ -50,11 +50,12 @@ Run ``python -m unimas.testing.tiny_chat DIR [--hidden-size 768 --layers 12 --he
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -223,11 +224,18 @@ def build_model(tokenizer: Any, *, hidden_size: int = 64, num_layers: int = 2, n
     return model
 
 
+PROGRESS_EVERY = 100
+"""Fitting steps between two progress lines."""
+
+ONE_THREAD_UP_TO = 256
+"""Widest ``hidden_size`` that :func:`build_chat_model` builds on one torch thread (see there)."""
+
 INSTRUCT_VERBS = ("repeat", "say", "echo", "copy")
 INSTRUCT_ITEMS = tuple("abcdefghijklmnopqrstuvwxyz0123456789")
 
 
-def instruct_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: int = 32, lr: float = 3e-3) -> None:
+def instruct_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: int = 32, lr: float = 3e-3,
+                  progress: Callable[[str], None] | None = None) -> None:
     """A few seconds of supervised chat turns ``"<verb>: x"`` -> ``x``, loss on the answer and ``<|im_end|>``.
 
     A random-init model ignores its prompt: the last positions of every chat
@@ -238,13 +246,16 @@ def instruct_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: 
     """
     rng = random.Random(seed)
 
-    def example() -> tuple[list[int], list[int]]:
-        item = rng.choice(INSTRUCT_ITEMS)
-        prompt = chat_ids(tokenizer, [{"role": "user", "content": f"{rng.choice(INSTRUCT_VERBS)}: {item}"}],
-                          add_generation_prompt=True)
+    @functools.cache  # 144 distinct turns; encoding each of the 9,600 drawn was a sixth of the build
+    def encoded(verb: str, item: str) -> tuple[list[int], list[int]]:
+        prompt = chat_ids(tokenizer, [{"role": "user", "content": f"{verb}: {item}"}], add_generation_prompt=True)
         return prompt, tokenizer(item + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
 
-    supervised_steps(model, tokenizer, example, steps, seed, batch, lr)
+    def example() -> tuple[list[int], list[int]]:
+        item = rng.choice(INSTRUCT_ITEMS)
+        return encoded(rng.choice(INSTRUCT_VERBS), item)
+
+    supervised_steps(model, tokenizer, example, steps, seed, batch, lr, progress)
 
 
 def tool_call_text(name: str) -> str:
@@ -259,7 +270,8 @@ def tool_corpus(seed: int = 0, lines: int = 400) -> list[str]:
             for _ in range(lines)]
 
 
-def tools_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: int = 16, lr: float = 3e-3) -> None:
+def tools_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: int = 16, lr: float = 3e-3,
+               progress: Callable[[str], None] | None = None) -> None:
     """Supervised turns that make a tiny model use tools: fitted, not sampled from a real instruct model.
 
     Three kinds, mixed: a request with ``tools`` is answered with a call of
@@ -290,10 +302,11 @@ def tools_tune(model: Any, tokenizer: Any, steps: int, seed: int = 0, batch: int
         prompt = chat_ids(tokenizer, messages, tools=tools, add_generation_prompt=True)
         return prompt, tokenizer(answer + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
 
-    supervised_steps(model, tokenizer, example, steps, seed, batch, lr)
+    supervised_steps(model, tokenizer, example, steps, seed, batch, lr, progress)
 
 
-def supervised_steps(model: Any, tokenizer: Any, example: Any, steps: int, seed: int, batch: int, lr: float) -> None:
+def supervised_steps(model: Any, tokenizer: Any, example: Any, steps: int, seed: int, batch: int, lr: float,
+                     progress: Callable[[str], None] | None = None) -> None:
     """AdamW steps on batches of ``example()`` (prompt ids, answer ids) pairs, loss on the answers only."""
     import torch
 
@@ -301,7 +314,7 @@ def supervised_steps(model: Any, tokenizer: Any, example: Any, steps: int, seed:
         torch.manual_seed(seed)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
         model.train()
-        for _ in range(steps):
+        for step in range(steps):
             pairs = [example() for _ in range(batch)]
             width = max(len(p) + len(a) for p, a in pairs)
             ids = torch.full((batch, width), tokenizer.pad_token_id)
@@ -316,29 +329,52 @@ def supervised_steps(model: Any, tokenizer: Any, example: Any, steps: int, seed:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            if progress is not None and (step + 1) % PROGRESS_EVERY == 0:
+                progress(f"  step {step + 1}/{steps}  loss {loss.item():.3f}")
         model.eval()
 
 
 def build_chat_model(directory: os.PathLike | str, *, hidden_size: int = 64, num_layers: int = 2,
                      num_heads: int = 4, vocab_size: int = 512, max_positions: int = 512, seed: int = 0,
                      corpus: Iterable[str] | None = None, intermediate_size: int | None = None,
-                     instruct_steps: int = 300, tool_calls: bool = False) -> Path:
+                     instruct_steps: int = 300, tool_calls: bool = False,
+                     progress: Callable[[str], None] | None = None) -> Path:
     """Write tokenizer and model (safetensors) to ``directory`` with ``save_pretrained``; return it.
 
     ``instruct_steps``: supervised steps of :func:`instruct_tune` (0 = purely random weights).
     ``tool_calls``: a tools-aware template (:data:`TOOLS_CHAT_TEMPLATE`) and :func:`tools_tune` instead, so
     that, given tools, the model answers with a Hermes ``<tool_call>`` block, and given a tool result, with it.
+    ``progress``: called with one line per stage and every 100 fitting steps.
+
+    A model up to :data:`ONE_THREAD_UP_TO` wide is built on one torch thread:
+    its matrices are tiny, so a second thread only adds synchronisation, and
+    on a busy machine its spin-waits made the fit 20x slower (measured: 20
+    steps in 1.1 s on one thread, 24 s on two, with other processes on both
+    cores). It also fixes the reduction order, so the same arguments give the
+    same bytes whatever ``torch.get_num_threads()`` the caller had. Wider
+    models (``--hidden-size 768``) keep the caller's threads.
     """
+    import torch
+
     directory = Path(directory)
+    say = progress or (lambda message: None)
     if tool_calls and corpus is None:
         corpus = generate_corpus(seed) + tool_corpus(seed)
-    tokenizer = build_tokenizer(vocab_size, seed, corpus, max_positions)
-    if tool_calls:
-        tokenizer.chat_template = TOOLS_CHAT_TEMPLATE
-    model = build_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-                        max_positions=max_positions, seed=seed, intermediate_size=intermediate_size)
-    if instruct_steps:
-        (tools_tune if tool_calls else instruct_tune)(model, tokenizer, instruct_steps, seed)
+    threads = torch.get_num_threads()
+    if hidden_size <= ONE_THREAD_UP_TO:
+        torch.set_num_threads(1)
+    try:
+        say(f"training the byte-level BPE tokenizer (vocab {vocab_size})")
+        tokenizer = build_tokenizer(vocab_size, seed, corpus, max_positions)
+        if tool_calls:
+            tokenizer.chat_template = TOOLS_CHAT_TEMPLATE
+        model = build_model(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
+                            max_positions=max_positions, seed=seed, intermediate_size=intermediate_size)
+        if instruct_steps:
+            say(f"fitting {'tool-call' if tool_calls else 'repeat: x'} chat turns ({instruct_steps} steps, CPU)")
+            (tools_tune if tool_calls else instruct_tune)(model, tokenizer, instruct_steps, seed, progress=say)
+    finally:
+        torch.set_num_threads(threads)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(directory)
     model.save_pretrained(directory, safe_serialization=True)
@@ -390,10 +426,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tool-calls", action="store_true",
                         help="a tools-aware template, fitted to answer requests with tools with a <tool_call> block")
     args = parser.parse_args(argv)
+    print(f"building the test chat model in {args.directory} (offline, CPU)", flush=True)
     path = build_chat_model(args.directory, hidden_size=args.hidden_size, num_layers=args.layers,
                             num_heads=args.heads, vocab_size=args.vocab_size, max_positions=args.max_positions,
                             seed=args.seed, intermediate_size=args.intermediate_size,
-                            instruct_steps=args.instruct_steps, tool_calls=args.tool_calls)
+                            instruct_steps=args.instruct_steps, tool_calls=args.tool_calls,
+                            progress=lambda line: print(line, flush=True))
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)

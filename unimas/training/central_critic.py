@@ -1,7 +1,7 @@
 """The centralized critic (``algorithm.critic: centralized``): one value model that reads the whole episode so far.
 
 MAPPO-style: instead of one critic per model group that sees only a role's own
-prompt, a single model group (``algorithm.central_critic``, a torch group with
+prompt, a single model group (``algorithm.central_critic``, a torch or verl group with
 a ``critic`` section and no roles) values every role's turns, each read after
 everything the episode said before it. The roles' advantages are still GAE over
 each (episode, role)'s trainable turns (``unimas.groups.role_gae``); only the
@@ -100,7 +100,7 @@ def config_problems(config: ExperimentConfig, registry: Registry, takes_values: 
     backend = registry.get("backends", group.backend) if registry.has("backends", group.backend) else None
     if backend is not None and not getattr(backend, "supports_critic", False):
         problems.append((f"models.{central}.backend", f"backend '{group.backend}' has no critic; the centralized "
-                         "critic needs a torch group"))
+                         "critic needs a group of a backend with critics (torch, verl)"))
     if group.critic is None:
         problems.append((f"models.{central}.critic", "the centralized critic group needs a critic section (its "
                          "value model's settings, e.g. critic: {optim: {lr: 0.001}})"))

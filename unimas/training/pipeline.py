@@ -7,7 +7,11 @@ of steps ``k+1 .. k+depth`` run with the weights the groups have. Depth 0 is
 the synchronous loop itself (collect, then update), call for call.
 
 Versions and staleness. Each group counts its updates (its weight version)
-and stamps every result with the version that sampled it.
+and stamps every result with the version that sampled it; a torch group
+sampling in a rollout process (``options.rollout_process``) stamps the
+version that process reports it sampled with
+(``unimas/groups/torch/rollout_replica.py``), so the bookkeeping below needs
+no change for it.
 :class:`WeightVersions` is the trainer's count of the same updates; a turn's
 staleness is that count minus the turn's version when the turn is trained.
 A group's own ``max_staleness`` may be lower than the pipeline's depth: its

@@ -28,6 +28,7 @@ from unimas.training import central_critic
 from unimas.algorithms.credit import CreditAssigner, CreditedTurn
 from unimas.config.loading import dump_config
 from unimas.config.schema import RoleConfig
+from unimas.controller.context import workflow_label
 from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
 from unimas.controller.specs import EpisodeSpec
@@ -39,6 +40,7 @@ from unimas.training.experiment import Experiment
 from unimas.output.metrics import (
     MetricsWriter,
     evaluation_metrics,
+    read_metrics,
     rollout_metrics,
     throughput_metrics,
 )
@@ -58,6 +60,32 @@ from unimas.training.update_order import execution_order, update_groups
 from unimas.trajectory import GraphTrajectory, write_jsonl
 
 T = TypeVar("T")
+
+
+class RunAlreadyComplete(Exception):
+    """``--resume`` of a run whose checkpoint already has every step trained (or its stop condition met):
+    nothing to do, which ``unimas train`` reports in one line with exit code 0."""
+
+
+YOUNG_GC_THRESHOLD = 10_000
+"""Allocations between two young-generation collections during a run (Python's default: 700)."""
+
+
+def settle_collector() -> tuple[int, int, int]:
+    """Before the first step: keep the cyclic garbage collector's pauses off the step time; returns the
+    thresholds it replaced (``Trainer.run`` puts them back at its end).
+
+    Models, tokenizers and imported modules live for the whole run: freezing them keeps the collector's
+    full passes (measured: ~250 ms every ~10 steps) away. A step then still allocates ~5,000 tracked
+    objects (turn nodes, requests, results), which at the default threshold meant ~7 young collections
+    per step of the 3-role benchmark, ~1 % of its step time (``benchmarks/overhead.py``); almost all of
+    those objects die by reference counting, so a higher threshold frees the same garbage with fewer passes.
+    """
+    gc.collect()
+    gc.freeze()
+    previous = gc.get_threshold()
+    gc.set_threshold(max(previous[0], YOUNG_GC_THRESHOLD), *previous[1:])
+    return previous
 
 
 def train_turn(c: CreditedTurn, role: RoleConfig) -> TrainTurn:
@@ -83,7 +111,7 @@ class Trainer:
         self.controller = Controller(experiment.workflow, self.config.roles, self._new_router(), experiment.tools,
                                      max_concurrent=runtime.max_concurrent_episodes,
                                      tool_timeout_s=runtime.tool_timeout_s, episode_timeout_s=runtime.episode_timeout_s,
-                                     parsers=experiment.parsers)
+                                     parsers=experiment.parsers, workflow_label=workflow_label(self.config.workflow))
         self.credit = CreditAssigner(self.config, experiment.rewards, experiment.estimator)
         self.rollout = Rollout.from_experiment(experiment, self.controller, self.credit)
         self.snapshots = SnapshotPools(self.config, transport, run_dir)
@@ -193,7 +221,7 @@ class Trainer:
         rng = random.Random(step)
         chosen = rng.sample(trajectories, min(count, len(trajectories)))
         for traj in chosen:
-            traj.outcome.setdefault("_step", step)
+            traj.step = step if traj.step is None else traj.step  # a replayed episode keeps the step it was sampled at
         write_jsonl(self.run_dir.trajectories("train"), chosen)
 
     # -- evaluation -------------------------------------------------------
@@ -215,7 +243,7 @@ class Trainer:
                             f"{first.error}. Fix the workflow or reward code (run with --debug for the traceback)",
                             where=f"step {step} evaluation") from first.exception
         for traj in trajectories:
-            traj.outcome.setdefault("_step", step)
+            traj.step = step
         write_jsonl(self.run_dir.trajectories("eval"), trajectories)
         return evaluation_metrics(trajectories, self.config, self.experiment.primary_reward, samples)
 
@@ -285,10 +313,7 @@ class Trainer:
     async def run(self, resume: bool = False) -> list[dict[str, Any]]:
         trainer = self.config.trainer
         stop = self.config.stop_condition
-        # Models, tokenizers and imported modules live for the whole run; freezing them keeps
-        # the collector's full passes (measured: ~250 ms every ~10 steps) off the step time.
-        gc.collect()
-        gc.freeze()
+        collector = settle_collector()
         writer = MetricsWriter(self.run_dir.metrics)
         history: list[dict[str, Any]] = []
         try:
@@ -297,6 +322,8 @@ class Trainer:
                 self.start_step = await self._guarded("resume", lambda: checkpoints.resume(
                     self.run_dir, self.config, self.load_checkpoint,
                     reset=lambda: asyncio.gather(*(self.transport.restart(g, None) for g in groups))))
+            if resume:
+                self._refuse_if_complete(self.start_step)
             self.run_dir.config.write_text(dump_config(self.config))  # the config in force (not on a refusal)
             if self.start_step == 0:
                 record = {"step": 0, **(await self._guarded("step 0 (evaluation)",
@@ -320,7 +347,21 @@ class Trainer:
         finally:
             await self.pipeline.close()
             writer.close()
+            gc.set_threshold(*collector)
         return history
+
+    def _refuse_if_complete(self, step: int) -> None:
+        """Raise :class:`RunAlreadyComplete` when the checkpoint resumed at ``step`` ends the run: it is of
+        ``trainer.steps`` (or later), or its step's record meets the stop condition in force."""
+        if step >= self.config.trainer.steps:
+            raise RunAlreadyComplete(f"already complete at step {step} (trainer.steps: {self.config.trainer.steps}); "
+                                     "nothing to resume")
+        stop = self.config.stop_condition
+        logged = read_metrics(self.run_dir.metrics) if step and self.run_dir.metrics.exists() else []
+        records = [r for r in logged if r["step"] == step]
+        if stop is not None and records and stop.reached(records[-1]):
+            field = "trainer.stop_when" if self.config.trainer.stop_when is not None else "trainer.stop_at_accuracy"
+            raise RunAlreadyComplete(f"already complete at step {step} ({field} was met there); nothing to resume")
 
     async def _guarded(self, where: str, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work``; a model group that fails in it stops the run with a :class:`ModelGroupError`

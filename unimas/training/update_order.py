@@ -45,6 +45,9 @@ class UpdateOrder(Protocol):
 
         An order whose ``needs_ratios`` is true also gets ``ratios``: episode -> product of the ratios
         new/behaviour of the turns earlier stages trained in that episode (1.0 where they trained none).
+        One that changes ``advantage`` says so with ``rescales_advantages = True``: a group with a critic
+        replaces that scalar by per-token GAE advantages inside its update, so ``unimas validate`` refuses
+        such an order with an estimator that takes values (docs/critic.md).
         """
 
 

@@ -40,6 +40,10 @@ class ReverseExecution:
     def needs_ratios(self) -> bool:
         return self.ratio_clip > 0
 
+    @property
+    def rescales_advantages(self) -> bool:
+        return self.damp > 0 or self.ratio_clip > 0
+
     def stages(self, execution: list[str]) -> list[list[str]]:
         return [[role] for role in reversed(execution)]
 

@@ -207,16 +207,10 @@ class Critic:
 
     def load(self, directory: Path) -> None:
         """Restore :meth:`save`'s files in place (the optimiser keeps pointing at the same tensors)."""
-        from unimas.groups.torch.checkpoint import copy_weights
-
         if not (directory / HEAD_FILE).exists():
             raise UserError(f"has no critic ({HEAD_FILE}): the checkpoint was written by a run without "
                             f"models.{self.spec.name}.critic", where=str(directory))
-        copy_weights(self.model.backbone, directory / BACKBONE_DIR, clean_names=False,
-                     dtype=self.spec.options.torch_dtype)
-        head = load_safetensors(directory / HEAD_FILE, device=str(self.device))
-        with reading(directory / HEAD_FILE):
-            self.model.head.load_state_dict(head)
+        self.load_weights(directory)
         state = load_tensors(directory / OPTIMIZER_FILE, self.device)
         with reading(directory / OPTIMIZER_FILE):
             self.optimizer.load_state_dict(state)
@@ -224,6 +218,22 @@ class Critic:
         with reading(directory / SCHEDULER_FILE):
             self.scheduler.load_state_dict(state)
         _apply_optim_config(self.optimizer, self.scheduler, self.config)
+
+    def load_weights(self, directory: Path) -> None:
+        """The value model alone (backbone and head), in place: what ``init_from`` carries into a new run,
+        whose critic keeps a fresh optimiser and schedule as the policy does."""
+        from unimas.groups.torch.checkpoint import copy_weights
+
+        copy_weights(self.model.backbone, directory / BACKBONE_DIR, clean_names=False,
+                     dtype=self.spec.options.torch_dtype)
+        head = load_safetensors(directory / HEAD_FILE, device=str(self.device))
+        with reading(directory / HEAD_FILE):
+            self.model.head.load_state_dict(head)
+
+    @staticmethod
+    def saved_in(directory: Path) -> bool:
+        """Whether ``directory`` (a group's ``critic/`` dir) holds a value model."""
+        return (directory / HEAD_FILE).exists() and (directory / BACKBONE_DIR).is_dir()
 
 
 def _apply_optim_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,

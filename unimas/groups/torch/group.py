@@ -18,7 +18,10 @@ result says which version sampled it. With ``algorithm.max_staleness > 0``
 weights under its own lock, so generation for the next step runs while the
 trainable weights update; the copy is refreshed (and the version advanced)
 at the end of each update. With ``max_staleness: 0`` there is no copy:
-generate and update share one lock, as in the synchronous loop.
+generate and update share one lock, as in the synchronous loop. With
+``options.rollout_process: true`` the copy lives in a child process instead
+and sampling runs there (:mod:`unimas.groups.torch.rollout_replica`); the
+results carry the version the child reports it sampled with.
 
 Randomness. Sampling and mini-batch shuffling draw from one
 ``torch.Generator`` owned by the group and saved with it, so a run resumed
@@ -32,6 +35,7 @@ import contextlib
 import copy
 import logging
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Optional, Sequence
@@ -48,6 +52,7 @@ from unimas.groups.torch import source as source_of
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch
 from unimas.groups.torch.options import TorchOptions
+from unimas.groups.torch.rollout_replica import RolloutReplica
 from unimas.groups.torch.training import SupervisedExample
 
 log = logging.getLogger(__name__)
@@ -90,8 +95,12 @@ class TorchModelGroup(ModelGroup):
         self.weight_version = 0
         self._rollout_model: Optional[torch.nn.Module] = None
         self._rollout_lock = threading.RLock()
-        if spec.algorithm.max_staleness > 0:
+        self.replica: Optional[RolloutReplica] = None
+        if getattr(spec.options, "rollout_process", False):
+            self.replica = RolloutReplica(spec, self.model, device, self.weight_version)
+        elif spec.algorithm.max_staleness > 0:
             self._rollout_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self._sampling_lock = self._lock if self._rollout_model is None and self.replica is None else self._rollout_lock
         eos = model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_ids = sorted({tokenizer.eos_token_id, *eos} - {None})
@@ -113,6 +122,10 @@ class TorchModelGroup(ModelGroup):
             checkpoint.load_adapters(group, source, missing_ok=True)
             if not group.adapters and (source / checkpoint.ADAPTER_DIR).exists():
                 log.warning("model group '%s': ignoring the LoRA adapters in %s (no 'lora' section)", spec.name, source)
+            if group.critic is not None and critic_lib.Critic.saved_in(source / checkpoint.CRITIC_DIR):
+                group.critic.load_weights(source / checkpoint.CRITIC_DIR)  # a warm critic; fresh optimiser
+            elif group.critic is not None:
+                log.info("model group '%s': %s has no critic; the critic starts afresh", spec.name, source)
         return group
 
     @classmethod
@@ -304,25 +317,54 @@ class TorchModelGroup(ModelGroup):
             buckets[(req.adapter, gen.max_new_tokens, greedy, sampling_key)].append(i)
         results: list[Optional[GenResult]] = [None] * len(requests)
         model = self._rollout_model if self._rollout_model is not None else self.model
-        with (self._rollout_lock if self._rollout_model is not None else self._lock), torch.inference_mode():
+        with self._sampling_lock, torch.inference_mode():
             model.eval()
             for (adapter, _, greedy, _), rows in buckets.items():
                 first = requests[rows[0]]
                 outs = self._generate_batch(model, [requests[i] for i in rows], first.generation, greedy, adapter)
                 for i, out in zip(rows, outs):
-                    out.weight_version = self.weight_version
                     results[i] = out
         return results
 
-    def _refresh_rollout_copy(self, advance: bool = False) -> None:
-        """Copy the trainable weights into the rollout copy (between two generate batches); ``advance``: count
-        one update. Without a copy, generation already sees the live weights."""
+    def _refresh_rollout_copy(self, advance: bool = False) -> dict[str, float]:
+        """Copy the trainable weights into the rollout copy or replica (between two generate batches);
+        ``advance``: count one update. Without either, generation already sees the live weights.
+
+        With a replica, returns ``weight_sync_wait_s`` (waiting for a batch it samples) and ``weight_sync_s``
+        (the copy into shared memory); else nothing.
+        """
+        asked = time.perf_counter()
         with self._rollout_lock:
+            waited = time.perf_counter() - asked
+            self.weight_version += int(advance)
+            if self.replica is not None:
+                return {"weight_sync_wait_s": waited,
+                        "weight_sync_s": self.replica.publish(self.model, self.weight_version)}
             if self._rollout_model is not None:
                 with torch.no_grad():
                     for target, source in zip(self._rollout_model.parameters(), self.model.parameters()):
                         target.copy_(source)
-            self.weight_version += int(advance)
+        return {}
+
+    def _sample(self, model: torch.nn.Module, batch_ids: list[list[int]], gen: GenerationConfig, greedy: bool,
+                adapter: Optional[str], requests: list[GenRequest], stops: sampling.StopStrings
+                ) -> tuple[list[list[int]], list[list[float]], int]:
+        """(token rows, log-prob rows, the weight version that sampled them), here or in the replica."""
+        listeners = sampling.listeners(self.tokenizer, requests)
+        if self.replica is not None:
+            token_rows, logprob_rows, version, streamed = self.replica.sample(
+                batch_ids, gen, greedy, adapter, stops.stops, sorted(listeners))
+            for row, listener in listeners.items():  # a streamed row's text arrives once its batch is done
+                listener.start()
+                for token in streamed.get(row, []):
+                    listener.add(token)
+            return token_rows, logprob_rows, version
+        batch = layout_batch(batch_ids, [[]] * len(batch_ids), self.pad_id, self.device)
+        with self.route(model, adapter):
+            token_rows, logprob_rows = sampling.sample_tokens(
+                model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                logit_bias=self.logit_bias, generator=self.generator, stops=stops, listeners=listeners)
+        return token_rows, logprob_rows, self.weight_version
 
     def _generate_batch(self, model: torch.nn.Module, requests: list[GenRequest], gen: GenerationConfig,
                         greedy: bool, adapter: Optional[str]) -> list[GenResult]:
@@ -333,16 +375,13 @@ class TorchModelGroup(ModelGroup):
         for i, prompt in enumerate(prompts):
             if prompt.error or (prompt.truncated and not requests[i].allow_truncation):
                 results[i] = GenResult(text="", prompt_ids=prompt.ids, response_ids=[], logprobs=[], finished=False,
-                                       prompt_text=prompt.text, truncated=prompt.truncated, error=prompt.error or None)
+                                       prompt_text=prompt.text, truncated=prompt.truncated, error=prompt.error or None,
+                                       weight_version=self.weight_version)
         run = [i for i, result in enumerate(results) if result is None]
         if run:
-            batch = layout_batch([prompts[i].ids for i in run], [[]] * len(run), self.pad_id, self.device)
             stops = sampling.StopStrings(self.tokenizer, [requests[i].stop for i in run])
-            listeners = sampling.listeners(self.tokenizer, [requests[i] for i in run])
-            with self.route(model, adapter):
-                token_rows, logprob_rows = sampling.sample_tokens(
-                    model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                    logit_bias=self.logit_bias, generator=self.generator, stops=stops, listeners=listeners)
+            token_rows, logprob_rows, version = self._sample(model, [prompts[i].ids for i in run], gen, greedy,
+                                                             adapter, [requests[i] for i in run], stops)
             sampled = sampling.to_results(self.tokenizer, [prompts[i].ids for i in run], token_rows, logprob_rows,
                                           self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy), stops=stops)
             for i, result in zip(run, sampled):
@@ -350,6 +389,7 @@ class TorchModelGroup(ModelGroup):
                 result.prompt_text, result.continued, result.truncated = prompt.text, prompt.continued, prompt.truncated
                 result.rerendered, result.forced_ids = prompt.rerendered, prompt.forced_ids
                 result.controls = ["stop", "response_prefix"]
+                result.weight_version = version
                 if request.token_texts:
                     result.token_texts = [self.tokenizer.decode([t]) for t in result.response_ids]
                 results[i] = result
@@ -390,7 +430,7 @@ class TorchModelGroup(ModelGroup):
             metrics.update(critic_metrics)
             metrics["lr"] = lr
             optimizer.advance(self.scheduler)
-            self._refresh_rollout_copy(advance=True)
+            metrics.update(self._refresh_rollout_copy(advance=True))
             metrics["weight_version"] = float(self.weight_version)
             return metrics
 
@@ -427,12 +467,24 @@ class TorchModelGroup(ModelGroup):
         """``model/``, ``adapters/<name>/``, ``reference/``, optimiser, schedule and RNG state."""
         with self._lock:
             checkpoint.save_group(self, Path(directory))
+            if self.replica is not None:  # the replica's own sampling stream, to resume it bit-identically
+                with self._rollout_lock:
+                    self.replica.save_generator(Path(directory))
 
     def load(self, directory: Path) -> None:
         """Restore what :meth:`save` wrote, in place (resume bit-identically)."""
+        directory = Path(directory)
         with self._lock:
-            checkpoint.load_group(self, Path(directory))
+            checkpoint.load_group(self, directory)
             self._refresh_rollout_copy()
+            if self.replica is not None and (directory / checkpoint.RNG_FILE).exists():  # a resume, not a snapshot
+                with self._rollout_lock:
+                    self.replica.load_generator(directory, fallback=self.generator.get_state())
+
+    def close(self) -> None:
+        """Stop the rollout replica's process, if the group has one."""
+        if self.replica is not None:
+            self.replica.close()
 
 
 def _check_target_modules(model: torch.nn.Module, lora: LoraConfig, group: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from unimas.config.loading import missing_model_hint
 from unimas.groups.torch.checkpoint import MODEL_DIR
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -51,6 +52,9 @@ class TorchOptions(BaseModel):
     init_from: Optional[str] = Field(None, description="a unimas checkpoint dir (a group dir, or a run's "
                                      "checkpoints/step_N) or a Hugging Face model dir to start from")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weight dtype")
+    rollout_process: bool = Field(False, description="sample in a child process holding a copy of the weights, "
+                                  "refreshed after each update (with algorithm.max_staleness > 0, sampling and "
+                                  "updates then overlap on separate cores; docs/performance.md)")
 
     @model_validator(mode="before")
     @classmethod
@@ -69,10 +73,7 @@ class TorchOptions(BaseModel):
     @classmethod
     def _model_dir(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not _has_file(Path(value), "config.json"):
-            hint = ""
-            if not Path(value).exists():
-                hint = (f"; if {value!r} is a model hub name, download it once (`huggingface-cli download {value} "
-                        "--local-dir DIR`) and set path to DIR")
+            hint = "" if _exists(Path(value)) else missing_model_hint(value)
             raise ValueError(f"{value!r} is not a Hugging Face model directory (no config.json in it); give the "
                              f"local directory that holds config.json and the weights (nothing is downloaded){hint}")
         return value
@@ -98,6 +99,13 @@ class TorchOptions(BaseModel):
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _has_file(directory: Path, name: str) -> bool:

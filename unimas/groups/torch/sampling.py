@@ -51,7 +51,7 @@ def pick_tokens(
         logp = logits.log_softmax(-1)
         tokens = logp.argmax(-1)
     else:
-        logp = (logits / gen.temperature).log_softmax(-1)
+        logp = (logits if gen.temperature == 1.0 else logits / gen.temperature).log_softmax(-1)  # x / 1 is x
         probs = filter_logits(logp, gen.top_k, gen.top_p).softmax(-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
@@ -125,6 +125,7 @@ def sample_tokens(
     """
     device = batch.input_ids.device
     eos = torch.tensor(list(eos_ids), device=device)
+    stopping = stops is not None and stops.active
     mask, position = batch.attention_mask, batch.position_ids[:, -1:]
     done = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool, device=device)
     tokens, logprobs = [], []
@@ -143,7 +144,7 @@ def sample_tokens(
         tokens.append(token)
         logprobs.append(logprob)
         done = done | torch.isin(token, eos)
-        if stops is not None and stops.active:
+        if stopping:
             rows = torch.stack(tokens, 1).tolist()
             hit = [not finished and stops.hit(i, row) for i, (row, finished) in enumerate(zip(rows, done.tolist()))]
             done = done | torch.tensor(hit, dtype=torch.bool, device=device)

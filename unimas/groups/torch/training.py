@@ -49,6 +49,10 @@ noise is ~1e-6; in half precision the cached decoding and the full forward round
 UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
                   "rollout_logprob_diff", "lr", "tokens", "update_time_s", "stale_turns", "importance_weight")
 
+ADAPTER_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "tokens")
+"""Reported per LoRA adapter as ``adapter/<name>/<metric>`` (the group's own keys stay): one adapter per role
+learns on its own turns only, so a group-wide mean can hide the adapter that is not learning."""
+
 
 def compute_logprobs(
     group: "TorchModelGroup",
@@ -189,6 +193,7 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
     behaviour = [list(t.rollout_logprobs) if is_stale(group, t) and len(t.rollout_logprobs) == len(t.response_ids)
                  else None for t in turns]
     sums: dict[str, float] = defaultdict(float)
+    reports: dict[str, int] = defaultdict(int)  # steps that reported each key: an adapter may miss a mini-batch
     steps = 0
     mismatch = 0.0
     group.model.train()
@@ -200,10 +205,11 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
             mismatch = max(mismatch, step.pop("rollout_logprob_diff", 0.0))
             for key, value in step.items():
                 sums[key] += value
+                reports[key] += 1
             steps += 1
     finally:
         group.model.eval()
-    metrics = {key: value / max(steps, 1) for key, value in sums.items()}
+    metrics = {key: value / reports[key] for key, value in sums.items()}
     metrics["rollout_logprob_diff"] = mismatch
     tolerance = ROLLOUT_TOLERANCE[group.spec.options.dtype]
     if mismatch > tolerance:
@@ -211,6 +217,10 @@ def ppo_update(group: "TorchModelGroup", turns: list[TrainTurn], optimizer: torc
                     "(tolerance %.0e): the trained ids or the sampling distribution differ from what was sampled",
                     group.name, mismatch, tolerance)
     metrics["tokens"] = float(sum(len(t.response_ids) for t in turns))
+    for turn in turns:
+        if turn.adapter is not None and group.adapters:
+            key = f"adapter/{turn.adapter}/tokens"
+            metrics[key] = metrics.get(key, 0.0) + len(turn.response_ids)
     metrics["stale_turns"] = float(sum(b is not None for b in behaviour))
     metrics["update_time_s"] = time.perf_counter() - start
     return metrics
@@ -267,16 +277,68 @@ def ppo_step(
     loss, metrics = algorithms.compose_loss(group.spec.policy_loss, algorithm, log_prob=logp, old_log_prob=old_logp,
                                             advantages=advantages, response_mask=mask, entropy=entropy,
                                             ref_log_prob=reference)
+    rows = _adapter_rows(group, turns)
+    metrics.update(_adapter_loss_metrics(group, rows, algorithm, log_prob=logp, old_log_prob=old_logp,
+                                         advantages=advantages, response_mask=mask, entropy=entropy,
+                                         ref_log_prob=reference))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    metrics.update(_adapter_grad_norms(group, rows))
     grad_norm = torch.nn.utils.clip_grad_norm_(group.train_params, group.config.optim.grad_clip)
     if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
         # A NaN/inf step would poison the weights and every later sample: drop it and say so.
         optimizer.zero_grad(set_to_none=True)
-        clean = {key: value if math.isfinite(value) else 0.0 for key, value in metrics.items()}
+        clean = {key: value if math.isfinite(value) and not key.endswith("grad_norm") else 0.0
+                 for key, value in metrics.items()}
         return {**clean, **diff, "grad_norm": 0.0, "nonfinite_skipped": 1.0}
     optimizer.step()
     return {**metrics, **diff, "grad_norm": float(grad_norm), "nonfinite_skipped": 0.0}
+
+
+def _adapter_rows(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> dict[str, list[int]]:
+    """The mini-batch rows of each LoRA adapter (none for a group without adapters)."""
+    rows: dict[str, list[int]] = defaultdict(list)
+    if group.adapters:
+        for i, turn in enumerate(turns):
+            if turn.adapter is not None:
+                rows[turn.adapter].append(i)
+    return rows
+
+
+def _adapter_loss_metrics(group: "TorchModelGroup", rows: dict[str, list[int]], algorithm: AlgorithmConfig,
+                          **tensors: Optional[torch.Tensor]) -> dict[str, float]:
+    """``compose_loss``'s metrics over each adapter's rows alone, without gradients (the loss trained is the
+    mini-batch's, unchanged)."""
+    metrics: dict[str, float] = {}
+    with torch.no_grad():
+        for adapter, index in rows.items():
+            part = {name: None if t is None else t.detach()[index] for name, t in tensors.items()}
+            _, own = algorithms.compose_loss(group.spec.policy_loss, algorithm, **part)
+            metrics.update({f"adapter/{adapter}/{key}": value for key, value in own.items()})
+    return metrics
+
+
+def _adapter_grad_norms(group: "TorchModelGroup", rows: dict[str, list[int]]) -> dict[str, float]:
+    """Each adapter's gradient norm before clipping (its LoRA weights are its own, so the norms are apart)."""
+    metrics: dict[str, float] = {}
+    for adapter in rows:
+        grads = [p.grad for p in _adapter_params(group, adapter) if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else 0.0
+        metrics[f"adapter/{adapter}/grad_norm"] = float(norm)
+    return metrics
+
+
+def _adapter_params(group: "TorchModelGroup", adapter: str) -> list[torch.nn.Parameter]:
+    """The trainable LoRA weights of one adapter (PEFT names them ``...lora_A.<adapter>.weight``), found once."""
+    found = getattr(group, "_adapter_params", None)
+    if found is None:
+        found = group._adapter_params = {}
+    if adapter not in found:
+        trainable = {id(p) for p in group.train_params}
+        found[adapter] = [p for key, p in group.model.named_parameters() if id(p) in trainable
+                          and any(a.startswith("lora_") and b == adapter for a, b in zip(key.split("."),
+                                                                                        key.split(".")[1:]))]
+    return found[adapter]
 
 
 def supervised_turns(group: "TorchModelGroup", examples: Sequence[SupervisedExample]) -> list[TrainTurn]:

@@ -45,7 +45,8 @@ def layout(turns: Sequence[TrainTurn], pad_id: int, size: Optional[int] = None) 
     Keys: ``prompts``, ``responses``, ``input_ids``, ``attention_mask``,
     ``position_ids``, ``response_mask`` (1 on trained response tokens),
     ``temperature`` (float per row: the turn's sampling temperature, 1 for
-    padding rows), ``advantages`` (the turn's scalar on each response token).
+    padding rows), ``advantages`` (the turn's ``token_advantages`` when a
+    critic set them, else its scalar on each response token).
     """
     from verl.utils.model import compute_position_id_with_mask
 
@@ -61,7 +62,7 @@ def layout(turns: Sequence[TrainTurn], pad_id: int, size: Optional[int] = None) 
     attention = torch.zeros((size, width), dtype=torch.long)
     response_mask = torch.zeros((size, response_width), dtype=torch.long)
     temperature = torch.ones(size, dtype=torch.float32)
-    advantage = torch.zeros(size, dtype=torch.float32)
+    advantage = torch.zeros((size, response_width), dtype=torch.float32)
     for row, turn in enumerate(turns):
         prompt, response = list(turn.prompt_ids), list(turn.response_ids)
         if not prompt:
@@ -71,14 +72,18 @@ def layout(turns: Sequence[TrainTurn], pad_id: int, size: Optional[int] = None) 
         attention[row, prompt_width - len(prompt): prompt_width + len(response)] = 1
         response_mask[row, : len(response)] = 1
         temperature[row] = float(turn.temperature or 1.0)
-        advantage[row] = float(turn.advantage)
+        per_token = turn.token_advantages
+        if per_token is not None and len(per_token) != len(response):
+            raise ValueError(f"{len(per_token)} token advantages for {len(response)} response tokens")
+        advantage[row, : len(response)] = (torch.tensor(list(per_token), dtype=torch.float32)
+                                           if per_token is not None else float(turn.advantage))
     for row in range(len(turns), size):
         attention[row, prompt_width - 1: prompt_width + 1] = 1
     tensors = {
         "prompts": input_ids[:, :prompt_width], "responses": input_ids[:, prompt_width:], "input_ids": input_ids,
         "attention_mask": attention, "position_ids": compute_position_id_with_mask(attention),
         "response_mask": response_mask, "temperature": temperature,
-        "advantages": advantage[:, None] * response_mask.float(),
+        "advantages": advantage,
     }
     return Rows(tensors, len(turns), prompt_width)
 

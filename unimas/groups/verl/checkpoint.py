@@ -19,6 +19,11 @@ worker group) writes and reads its own files under ``verl_actor/``:
 * ``huggingface/`` (rank 0) — the full weights as a Hugging Face model dir,
   what ``options.init_from`` starts from (a LoRA group's under peft names).
 
+A group with a critic (:mod:`.critic`) writes its value model's engine the
+same way under ``verl_critic/`` (model, optimiser and schedule files; no RNG
+file, the actor's holds the process's streams, and no export: a critic is
+resume-only), and its update count in ``unimas_group.json``.
+
 Shards are per rank (``torch.distributed.checkpoint.state_dict`` helpers in
 their sharded mode), so a save gathers nothing but the export, and a resume
 needs the same ``world_size`` (the group checks that first). Every failure
@@ -44,6 +49,7 @@ from unimas.groups.verl.options import VERL_HF_DIR
 from unimas.safe_load import load_json, load_safetensors, load_tensors, reading
 
 ACTOR_DIR, HF_DIR = VERL_HF_DIR.parts
+CRITIC_DIR = "verl_critic"
 STATE_FILE, ROLLOUT_RNG_FILE = "unimas_group.json", "rollout_rng.pt"
 
 Number = Union[StrictBool, StrictInt, StrictFloat, None]
@@ -57,6 +63,8 @@ class GroupState(BaseModel):
     backend: Literal["verl"]
     weight_version: int = Field(ge=0)
     world_size: int = Field(ge=1)
+    critic_updates: int = Field(0, ge=0)
+    """Update calls the group's critic has trained in (its warm-up count); 0 without a critic."""
 
 
 def save_group_state(directory: Path, state: GroupState, rollout: torch.Generator) -> None:
@@ -136,8 +144,9 @@ def _same_names(saved: set[str], expected: set[str], what: str, path: Path) -> N
 # ------------------------------------------------------------------ save
 
 
-def save_engine(engine: Any, directory: Path) -> None:
-    """Write this rank's model, optimiser, schedule and RNG files (and, on rank 0, the Hugging Face export).
+def save_engine(engine: Any, directory: Path, process_state: bool = True) -> None:
+    """Write this rank's model, optimiser and schedule files and, with ``process_state``, its RNG file and
+    (on rank 0) the Hugging Face export; a critic's engine saves without them.
 
     Every rank of the group must call it: the export gathers the full weights.
     """
@@ -153,8 +162,9 @@ def save_engine(engine: Any, directory: Path) -> None:
                           for name, values in state["state"].items()},
                 "param_groups": state["param_groups"]}, files.optimizer)
     files.scheduler.write_text(json.dumps(engine.lr_scheduler.state_dict(), allow_nan=False, indent=1))
-    torch.save(_rng_state(), files.rng)
-    _export_hugging_face(engine, directory / HF_DIR)
+    if process_state:
+        torch.save(_rng_state(), files.rng)
+        _export_hugging_face(engine, directory / HF_DIR)
 
 
 def _export_hugging_face(engine: Any, target: Path) -> None:
@@ -191,10 +201,11 @@ def _rng_state() -> dict[str, Any]:
 # ------------------------------------------------------------------ load
 
 
-def load_engine(engine: Any, directory: Path) -> None:
-    """Restore what :func:`save_engine` wrote for this rank, in place (the optimiser keeps its parameters).
+def load_engine(engine: Any, directory: Path, process_state: bool = True) -> None:
+    """Restore what :func:`save_engine` wrote for this rank, in place (the optimiser keeps its parameters);
+    ``process_state`` as it was saved with.
 
-    All four files are read and checked before anything is set, so a refused file leaves the engine as it was.
+    All files are read and checked before anything is set, so a refused file leaves the engine as it was.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
@@ -202,15 +213,16 @@ def load_engine(engine: Any, directory: Path) -> None:
     model = _model_state(engine.module, files.model)
     optimizer = _optimizer_state(engine.module, engine.optimizer, files.optimizer)
     schedule = _scheduler_state(engine.lr_scheduler, files.scheduler)
-    streams = _rng_streams(files.rng)
+    streams = _rng_streams(files.rng) if process_state else None
     with reading(files.model):
         set_model_state_dict(engine.module, model, options=StateDictOptions(strict=True))
     with reading(files.optimizer):
         set_optimizer_state_dict(engine.module, engine.optimizer, optimizer)
     with reading(files.scheduler):
         engine.lr_scheduler.load_state_dict(schedule)
-    with reading(files.rng):
-        _set_rng(streams)
+    if streams is not None:
+        with reading(files.rng):
+            _set_rng(streams)
 
 
 def _model_state(module: Any, path: Path) -> dict[str, Any]:

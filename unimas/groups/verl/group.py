@@ -11,6 +11,9 @@ in_process``) or on a Ray worker group of ``options.world_size`` ranks
   path); verl's own advantage estimators are never called;
 * the **reference** (only with ``kl_coef > 0``): a forward-only
   ``TrainingWorker`` holding the initial weights;
+* the **critic** (only with ``models.<g>.critic``): verl's value-model
+  ``TrainingWorker`` beside the actor, whose values give per-token GAE
+  advantages inside the update (:mod:`.critic`, docs/critic.md);
 * the **rollout**: the class verl's ``get_rollout_class`` returns for the
   group's rollout (``unimas_hf``, see :mod:`.rollout`). It holds its own copy
   of the weights, which change only through a weight sync after each update;
@@ -48,12 +51,12 @@ import torch
 
 from unimas.config.schema import GenerationConfig
 from unimas.errors import UserError
-from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
+from unimas.groups.base import Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.torch import chat, sampling
 from unimas.groups.torch import source as source_of
 from unimas.groups.torch.group import _check_target_modules as check_target_modules
 from unimas.groups.verl import batch as rows_of
-from unimas.groups.verl import checkpoint, lora, platform, prompts
+from unimas.groups.verl import checkpoint, critic, lora, platform, prompts
 from unimas.groups.verl.options import VerlOptions, translate
 from unimas.groups.verl.plan import group_problems
 from unimas.groups.verl.workers import InProcessTrainer
@@ -68,6 +71,8 @@ class VerlModelGroup(ModelGroup):
     """One model trained by verl's engine; generation from a rollout that only weight syncs update."""
 
     options: ClassVar[type[VerlOptions]] = VerlOptions
+    supports_critic: ClassVar[bool] = True
+    """``models.<group>.critic`` works here (``unimas validate`` asks; docs/critic.md)."""
 
     def __init__(self, spec: GroupSpec, model_dir: str, tokenizer: Any, eos_ids: list[int],
                  max_positions: Optional[int]):
@@ -90,7 +95,7 @@ class VerlModelGroup(ModelGroup):
             from unimas.groups.verl.workers import RayTrainer
 
             root = worker_config.compose(spec, model_dir)
-            self.trainer = RayTrainer(spec, root, worker_config.role(spec))
+            self.trainer = RayTrainer(spec, root, worker_config.role(spec), self.configs.critic)
             self._closers.append(weakref.finalize(self, self.trainer.close))
             self.rollout = ServerRollout(root, self.trainer.workers)
         else:
@@ -106,6 +111,7 @@ class VerlModelGroup(ModelGroup):
                                              model_config=self.configs.actor.model_config)
         if self.served:
             self._closers.append(weakref.finalize(self, self.rollout.close))
+        self.critic = critic.VerlCritic(spec) if self.configs.critic is not None else None
         self.weight_version = 0
         self.last_sync_diff: Optional[float] = None
         """Largest |rollout - trainer| log-prob measured after the latest sync (None before any check)."""
@@ -143,6 +149,8 @@ class VerlModelGroup(ModelGroup):
             raise UserError(f"{options.init_from} holds verl group checkpoints, none of them named '{spec.name}'",
                             where=f"models.{spec.name}.options.init_from")
         model, tokenizer, _ = source_of.load_model(source, spec.name, spec.seed)
+        if spec.config.critic is not None and spec.config.trainable:
+            critic.check_model_dir(spec, len(tokenizer))
         if lora.adapter_in_use(spec.config, spec.adapters):
             check_target_modules(model, spec.config.lora, spec.name)  # a UserError naming the field, not peft's
         eos = model.generation_config.eos_token_id
@@ -277,15 +285,33 @@ class VerlModelGroup(ModelGroup):
     # -------------------------------------------------------------- training
 
     def update(self, turns: list[TrainTurn]) -> dict[str, float]:
-        """One PPO/GRPO update through verl's mini-batch loop, then a checked weight sync."""
+        """One PPO/GRPO update through verl's mini-batch loop, then a checked weight sync.
+
+        With a critic, the turns' advantages are first computed per token by GAE from its values, and the
+        critic trains; during ``algorithm.critic_warmup`` only the critic does (the policy's update is empty).
+        """
         if not self.trainable:
             raise RuntimeError(f"model group '{self.name}' is frozen (trainable: false) and cannot be updated")
         with self._train_lock:
-            if not turns:
+            critic_metrics: dict[str, float] = {}
+            if self.critic is not None:  # values, GAE over each role's turns, critic epochs (docs/critic.md)
+                warming_up = self.critic.warming_up
+                turns, critic_metrics = self.critic.prepare(self, turns) if turns else ([], self.critic.idle(self))
+                turns = [] if warming_up else turns
+            if turns:
+                metrics = self._update(turns)
+            else:
                 metrics = dict.fromkeys(UPDATE_METRICS, 0.0)
                 metrics.update(lr=self._lr(), importance_weight=1.0, weight_version=float(self.weight_version))
-                return metrics
-            return self._update(turns)
+            return {**metrics, **critic_metrics}
+
+    def critique(self, turns: list[TrainTurn]) -> Critique:
+        """As the centralized critic group (``algorithm.central_critic``): values of every role's turns read
+        after the episode so far, GAE over each (episode, role), one critic update (docs/critic.md)."""
+        if self.critic is None:
+            raise RuntimeError(f"model group '{self.name}' has no critic (models.{self.name}.critic)")
+        with self._train_lock:
+            return self.critic.critique(self, turns)
 
     def _lr(self) -> float:
         return self.trainer.learning_rate()
@@ -344,15 +370,18 @@ class VerlModelGroup(ModelGroup):
     # ----------------------------------------------------------- checkpoints
 
     def save(self, directory: Path) -> None:
-        """``verl_actor/`` (each rank's engine state and the ``huggingface/`` export), the rollout RNG and the
-        weight version: the layout of :mod:`.checkpoint`, nothing pickled."""
+        """``verl_actor/`` (each rank's engine state and the ``huggingface/`` export), ``verl_critic/`` with a
+        critic, the rollout RNG and the weight version: the layout of :mod:`.checkpoint`, nothing pickled."""
         directory = Path(directory)
         with self._train_lock, self._rollout_lock:
             directory.mkdir(parents=True, exist_ok=True)
             if self.trainable:
                 self.trainer.save(directory / checkpoint.ACTOR_DIR)
+            if self.critic is not None:
+                self.trainer.save_critic(directory / checkpoint.CRITIC_DIR)
             state = checkpoint.GroupState(backend="verl", weight_version=self.weight_version,
-                                          world_size=self.trainer.ranks)
+                                          world_size=self.trainer.ranks,
+                                          critic_updates=0 if self.critic is None else self.critic.updates)
             checkpoint.save_group_state(directory, state, self.rollout.generator)
 
     def load(self, directory: Path) -> None:
@@ -367,8 +396,14 @@ class VerlModelGroup(ModelGroup):
                 raise UserError(f"the checkpoint was saved by {state.world_size} ranks and model group "
                                 f"'{self.name}' has {self.trainer.ranks}; resume with the same "
                                 "options.world_size", where=str(directory / checkpoint.STATE_FILE))
+            if self.critic is not None and not (directory / checkpoint.CRITIC_DIR).is_dir():
+                raise UserError(f"has no critic ({checkpoint.CRITIC_DIR}/): the checkpoint was written by a run "
+                                f"without models.{self.name}.critic", where=str(directory))
             if self.trainable:
                 self.trainer.load(directory / checkpoint.ACTOR_DIR)
+            if self.critic is not None:
+                self.trainer.load_critic(directory / checkpoint.CRITIC_DIR)
+                self.critic.updates = state.critic_updates
             checkpoint.load_rollout_rng(directory, self.rollout.generator)
             self.weight_version = state.weight_version
             if self.trainable:

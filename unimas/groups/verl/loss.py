@@ -1,7 +1,8 @@
-"""The loss verl's engine calls for a unimas group: the shared composition, fed with unimas's advantages.
+"""The losses verl's engines call for a unimas group: the policy's shared composition, fed with unimas's
+advantages, and the critic's clipped value loss (:mod:`.critic`).
 
-Its own module because both trainers (:mod:`.workers`) hand it to verl, the
-worker-group one by pickling it to every rank.
+Their own module because both trainers (:mod:`.workers`) hand them to verl, the
+worker-group one by pickling them to every rank.
 """
 
 from __future__ import annotations
@@ -25,3 +26,17 @@ def unimas_loss(policy_loss: Any, algorithm: Any, model_output: Any, data: Any, 
     return algorithms.compose_loss(policy_loss, algorithm, log_prob=log_prob, old_log_prob=fields["old_log_probs"],
                                    advantages=fields["advantages"], response_mask=fields["response_mask"].float(),
                                    entropy=entropy, ref_log_prob=fields.get("ref_log_prob", None))
+
+
+def unimas_value_loss(value_clip: float, loss_agg_mode: str, model_output: Any, data: Any, dp_group: Any = None):
+    """verl loss-function signature around the clipped value loss every backend's critic trains on.
+
+    ``old_values`` are the critic's values before the update (the clipping centre), ``returns`` GAE's targets.
+    """
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    values = no_padding_2_padding(model_output["values"], data).float()
+    fields = data.select("response_mask", "old_values", "returns").to_padded_tensor()
+    loss, clip_frac = algorithms.value_loss(values, fields["old_values"], fields["returns"],
+                                            fields["response_mask"].float(), value_clip, loss_agg_mode)
+    return loss, {"value_loss": float(loss.detach()), "value_clip_frac": clip_frac}

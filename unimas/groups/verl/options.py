@@ -175,12 +175,14 @@ MODEL_FIELDS = ("path", "use_remove_padding", "override_config", "enable_gradien
 """The ``HFModelConfig`` fields :func:`model_config` sets (the rest are verl's defaults or derived from the weights)."""
 
 
-def model_config(options: VerlOptions, model_dir: str, adapter: Optional[LoraConfig] = None):
+def model_config(options: VerlOptions, model_dir: str, adapter: Optional[LoraConfig] = None,
+                 tokenizer_dir: Optional[str] = None):
     """verl's view of the weights: an HF dir, sdpa attention (no flash-attn on CPU), no gradient checkpointing;
-    with ``adapter``, verl's one LoRA adapter (:mod:`.lora`)."""
+    with ``adapter``, verl's one LoRA adapter (:mod:`.lora`); the tokenizer from ``tokenizer_dir`` if given
+    (a critic's own model dir need not hold one)."""
     from verl.workers.config import HFModelConfig
 
-    return _apply(HFModelConfig(path=model_dir, use_remove_padding=options.remove_padding,
+    return _apply(HFModelConfig(path=model_dir, tokenizer_path=tokenizer_dir, use_remove_padding=options.remove_padding,
                                 override_config={"attn_implementation": "sdpa"},
                                 enable_gradient_checkpointing=False, **lora.model_fields(adapter)),
                   options.overrides.model)
@@ -236,6 +238,8 @@ class VerlConfigs:
     """TrainingWorkerConfig of the frozen KL reference (forward only); None without a KL term."""
     rollout: Any
     """RolloutConfig."""
+    critic: Optional[Any] = None
+    """TrainingWorkerConfig of the value model (``model_type: value_model``); None without ``critic``."""
 
 
 def translate(spec: GroupSpec, model_dir: str) -> VerlConfigs:
@@ -259,5 +263,11 @@ def translate(spec: GroupSpec, model_dir: str) -> VerlConfigs:
 
     reference = worker(True) if spec.config.trainable and spec.algorithm.kl_coef > 0 else None
     adapter = lora.adapter_in_use(spec.config, spec.adapters)  # the reference stays the bare base
+    critic = spec.config.critic if spec.config.trainable else None
+    # the value model: the group's initial weights (before any adapter) or critic.path, read with its tokenizer
+    critic_worker = None if critic is None else TrainingWorkerConfig(
+        model_type="value_model", model_config=model_config(options, critic.path or model_dir, None, model_dir),
+        engine_config=engine_config(options, spec.seed),
+        optimizer_config=optimizer_config(critic.optim, options, spec.total_updates), checkpoint_config=checkpoints)
     return VerlConfigs(actor=worker(not spec.config.trainable, adapter), reference=reference,
-                       rollout=rollout_config(spec, options))
+                       rollout=rollout_config(spec, options), critic=critic_worker)

@@ -192,7 +192,8 @@ def rendezvous_environment():
 def skip_value_head_patch() -> None:
     """verl patches trl's value-head model when trl is importable, and fails on trl >= 1 (the class moved).
 
-    unimas trains no critic, so verl is told trl is absent (only that patch looks).
+    unimas's critics are token-classification models (:mod:`.critic`), not trl's, so verl is told trl is
+    absent (only that patch looks).
     """
     from verl.models.transformers import monkey_patch
 
@@ -201,6 +202,9 @@ def skip_value_head_patch() -> None:
 
 def prepare() -> None:
     """Everything a verl engine in this process needs, in the order verl needs it."""
+    from unimas.groups.verl.critic import install_value_model_loader
+
     install_cpu_platform()
     skip_value_head_patch()
+    install_value_model_loader()
     ensure_process_group()

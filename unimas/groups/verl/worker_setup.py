@@ -7,7 +7,7 @@ what the group's own process has: the CPU platform where there is no GPU
 (:mod:`.platform`), one torch thread per rank on CPU (ranks already run in
 parallel), and the rollout adapters unimas registers in verl's registries
 (the served ``hf`` rollout everywhere, the per-group vLLM classes where vLLM
-is installed).
+is installed), and the loader of critics' value models (:mod:`.critic`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import importlib.util
 
 import torch
 
-from unimas.groups.verl import platform, servers
+from unimas.groups.verl import critic, platform, servers
 
 platform.install_cpu_platform()
 platform.skip_value_head_patch()
+critic.install_value_model_loader()
 if not platform.on_gpu():
     torch.set_num_threads(1)
 servers.register()

@@ -17,6 +17,11 @@ does not know which one it drives:
   The rollout is then verl's hybrid one, a server replica per rank, synced
   by the ranks themselves (:mod:`.servers`).
 
+A group with a critic also gets verl's value-model ``TrainingWorker`` (in the
+process, or on every rank beside the actor), which both trainers reach
+through ``values``, ``train_critic`` and ``save_critic``/``load_critic``
+(:mod:`.critic`).
+
 Both save and load the engine's state through :mod:`.checkpoint` (each rank
 its own files), never through verl's checkpoint manager, which unpickles.
 """
@@ -33,7 +38,7 @@ from unimas.errors import UserError
 from unimas.groups.base import GroupSpec
 from unimas.groups.verl import batch as rows_of
 from unimas.groups.verl import checkpoint, lora, platform
-from unimas.groups.verl.loss import unimas_loss
+from unimas.groups.verl.loss import unimas_loss, unimas_value_loss
 from unimas.groups.verl.options import SERVER_ROLLOUT
 
 WORKER_SETUP = "unimas.groups.verl.worker_setup"
@@ -52,15 +57,20 @@ def _has_log_probs(output: Any) -> bool:
     return output is not None and tu.get(output, "log_probs") is not None
 
 
+def value_loss_fn(spec: GroupSpec) -> Any:
+    """The critic engine's loss: the clipped value loss with the group's clip range and aggregation."""
+    return partial(unimas_value_loss, spec.config.critic.value_clip, spec.algorithm.loss_agg_mode)
+
+
 class InProcessTrainer:
-    """verl's ``TrainingWorker`` (actor, and reference with a KL term) in this process."""
+    """verl's ``TrainingWorker`` (actor, reference with a KL term, critic with ``critic``) in this process."""
 
     ranks = 1
 
     def __init__(self, spec: GroupSpec, configs: Any):
         from verl.workers.engine_workers import TrainingWorker
 
-        self.actor = self.reference = None
+        self.actor = self.reference = self.critic = None
         with platform.rendezvous_environment():
             if spec.config.trainable:
                 with lora.seeded_init(configs.actor.model_config, spec.seed):
@@ -70,6 +80,10 @@ class InProcessTrainer:
             if configs.reference is not None:
                 self.reference = TrainingWorker(configs.reference)
                 self.reference.reset()
+            if configs.critic is not None:
+                self.critic = TrainingWorker(configs.critic)
+                self.critic.reset()
+                self.critic.set_loss_fn(value_loss_fn(spec))
 
     def log_probs(self, rows: rows_of.Rows, reference: bool = False, **meta: Any) -> Optional[torch.Tensor]:
         """Per-token log-probs of every row's response (rows x response width), or None without outputs."""
@@ -84,11 +98,29 @@ class InProcessTrainer:
     def learning_rate(self) -> float:
         return float(self.actor.engine.optimizer.param_groups[0]["lr"])
 
+    def values(self, rows: rows_of.Rows, **meta: Any) -> torch.Tensor:
+        """The critic's value of the state before every response token (rows x response width)."""
+        data = rows_of.engine_input(rows, compute_loss=False, **meta)
+        return rows_of.to_rows(self.critic.infer_batch(data), "values", data)
+
+    def train_critic(self, rows: rows_of.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
+        """verl's mini-batch loop of the critic over the rows (``extra``: old values and returns)."""
+        return _metrics(self.critic.train_mini_batch(rows_of.engine_input(rows, extra, **meta)))
+
+    def critic_learning_rate(self) -> float:
+        return float(self.critic.engine.optimizer.param_groups[0]["lr"])
+
     def save(self, directory: Path) -> None:
         checkpoint.save_engine(self.actor.engine, directory)
 
     def load(self, directory: Path) -> None:
         checkpoint.load_engine(self.actor.engine, directory)
+
+    def save_critic(self, directory: Path) -> None:
+        checkpoint.save_engine(self.critic.engine, directory, process_state=False)
+
+    def load_critic(self, directory: Path) -> None:
+        checkpoint.load_engine(self.critic.engine, directory, process_state=False)
 
 
 def _worker_class() -> type:
@@ -98,26 +130,37 @@ def _worker_class() -> type:
     loaded by :mod:`.checkpoint` (a refused file comes back as (message, file),
     since a ``UserError`` raised in a Ray actor arrives without its fields); a
     LoRA adapter's init seeded with the group's seed (verl leaves it to the
-    global RNG); and, for a LoRA group served by unimas's ``hf`` servers, base
+    global RNG); for a LoRA group served by unimas's ``hf`` servers, base
     and adapter sent under their peft names, as the in-process group does
-    (verl's export merges them in bfloat16).
+    (verl's export merges them in bfloat16); and, with ``critic`` (a value
+    model ``TrainingWorkerConfig``), verl's critic ``TrainingWorker`` on each
+    rank beside the actor, as the actor is built (``engine`` picks which one
+    the rate and the checkpoint calls are about).
     """
-    from verl.single_controller.base.decorator import Dispatch, register
-    from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
+    from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 
     class UnimasActorRolloutRefWorker(ActorRolloutRefWorker):
-        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        def learning_rate(self) -> float:
-            return float(self.actor.engine.optimizer.param_groups[0]["lr"])
+        def __init__(self, config: Any, role: str, critic: Any = None, critic_loss: Any = None, **kwargs: Any):
+            super().__init__(config, role, **kwargs)
+            self._critic_config, self._critic_loss = critic, critic_loss
+            self.critic: Optional[TrainingWorker] = None
+
+        def _engine(self, engine: str) -> Any:
+            return (self.critic if engine == "critic" else self.actor).engine
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        def save_unimas_state(self, directory: str) -> None:
-            checkpoint.save_engine(self.actor.engine, Path(directory))
+        def learning_rate(self, engine: str = "actor") -> float:
+            return float(self._engine(engine).optimizer.param_groups[0]["lr"])
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-        def load_unimas_state(self, directory: str) -> Optional[tuple[str, Optional[str]]]:
+        def save_unimas_state(self, directory: str, engine: str = "actor") -> None:
+            checkpoint.save_engine(self._engine(engine), Path(directory), process_state=engine == "actor")
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def load_unimas_state(self, directory: str, engine: str = "actor") -> Optional[tuple[str, Optional[str]]]:
             try:
-                checkpoint.load_engine(self.actor.engine, Path(directory))
+                checkpoint.load_engine(self._engine(engine), Path(directory), process_state=engine == "actor")
             except UserError as refused:
                 return str(refused).removeprefix(f"{refused.where}: "), refused.where
             return None
@@ -125,7 +168,22 @@ def _worker_class() -> type:
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def init_model(self):
             with lora.seeded_init(self.config.model, int(self.config.actor.fsdp_config.seed)):
-                return super().init_model()
+                built = super().init_model()
+            if self._critic_config is not None:
+                self.critic = TrainingWorker(self._critic_config)
+                self.critic.reset()
+                self.critic.set_loss_fn(self._critic_loss)
+            return built
+
+        @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+        def compute_values(self, data: Any) -> Any:
+            output = self.critic.infer_batch(data)
+            return output.cpu() if output is not None else None
+
+        @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+        def update_critic(self, data: Any) -> Any:
+            output = self.critic.train_mini_batch(data)
+            return output.cpu() if output is not None else None
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
         async def update_weights(self, global_steps: Optional[int] = None, mode: str = "auto"):
@@ -163,7 +221,7 @@ def _resource_pool(gpus: float, ranks: int, prefix: str) -> tuple[Any, bool]:
 class RayTrainer:
     """The group's ranks: verl's ``RayWorkerGroup`` of ``ActorRolloutRefWorker``, data parallel over ``world_size``."""
 
-    def __init__(self, spec: GroupSpec, root: Any, role: str):
+    def __init__(self, spec: GroupSpec, root: Any, role: str, critic_config: Any = None):
         import ray
         from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup
 
@@ -175,7 +233,9 @@ class RayTrainer:
         prefix = f"unimas_{spec.name}_"
         device = "cuda" if platform.on_gpu() else "cpu"
         pool, self.shares_pool = _resource_pool(spec.config.resources.gpus, self.ranks, prefix)
-        worker = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=root.actor_rollout_ref, role=role)
+        critic = {} if critic_config is None else {"critic": critic_config, "critic_loss": value_loss_fn(spec)}
+        worker = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=root.actor_rollout_ref, role=role,
+                                      **critic)
         self.workers = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=worker, name_prefix=prefix,
                                       device_name=device, worker_env={"VERL_USE_EXTERNAL_MODULES": WORKER_SETUP})
         self.pool, self.closed = pool, False
@@ -201,12 +261,33 @@ class RayTrainer:
     def learning_rate(self) -> float:
         return self.workers.learning_rate()[0]
 
+    def values(self, rows: rows_of.Rows, **meta: Any) -> torch.Tensor:
+        dealt, _, undo = self._deal(rows)
+        data = rows_of.engine_input(dealt, compute_loss=False, **meta)
+        return rows_of.to_rows(self.workers.compute_values(data), "values", data)[undo]
+
+    def train_critic(self, rows: rows_of.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
+        dealt, extra, _ = self._deal(rows, extra)
+        return _metrics(self.workers.update_critic(rows_of.engine_input(dealt, extra, **meta)))
+
+    def critic_learning_rate(self) -> float:
+        return self.workers.learning_rate(engine="critic")[0]
+
     def save(self, directory: Path) -> None:
         self.workers.save_unimas_state(str(directory))
 
     def load(self, directory: Path) -> None:
+        self._load(directory, "actor")
+
+    def save_critic(self, directory: Path) -> None:
+        self.workers.save_unimas_state(str(directory), engine="critic")
+
+    def load_critic(self, directory: Path) -> None:
+        self._load(directory, "critic")
+
+    def _load(self, directory: Path, engine: str) -> None:
         """Every rank loads its own files; the first refusal is raised here, naming its file."""
-        for refused in self.workers.load_unimas_state(str(directory)):
+        for refused in self.workers.load_unimas_state(str(directory), engine=engine):
             if refused is not None:
                 message, where = refused
                 raise UserError(message, where=where)
