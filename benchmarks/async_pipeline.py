@@ -13,10 +13,13 @@ sampled tokens up to response lengths).
 Throughput is trained tokens per second of wall time over the steps (sum of
 ``group/<g>/tokens`` / elapsed, the pipeline's warm-up included). Final
 reward is the mean ``reward/mean`` of the last quarter of the steps.
-CPU s per 1000 trained tokens (this process, all threads) shows whether the
-pipeline adds work; "overlap bound" = (rollout + update) / max(rollout,
-update) of the synchronous run (``time/rollout_s``, ``time/update_s`` summed over its steps), the speed-up a perfect overlap could give
-on otherwise idle cores (an estimate, not a measurement).
+CPU s per 1000 trained tokens (this process, all threads, plus its rollout
+processes, whose share is shown apart) shows whether the pipeline adds work
+and how much of it a rollout process takes off this interpreter; "overlap
+bound" = (rollout + update) / max(rollout, update) of the synchronous run
+(``time/rollout_s``, ``time/update_s`` summed over its steps), the speed-up a
+perfect overlap could give on otherwise idle cores (an estimate, not a
+measurement). A rollout process's start-up is left out of the timed steps.
 
 Repetitions interleave the variants (0 1 2, then 2 1 0, ...), each
 repetition with its own seed; the table gives medians over repetitions, the

@@ -1,5 +1,6 @@
 import os
 import signal
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,16 @@ def pytest_configure(config):
     xdist controller, or a run without workers)."""
     if not hasattr(config, "workerinput"):
         signal.signal(signal.SIGTERM, _interrupt)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Test files with the most slow tests run first (a stable sort: each file's own order is kept).
+
+    Under ``pytest-xdist --dist loadfile`` (scripts/test.sh) workers take files in this order, so the long
+    files start early and the run does not end on one worker finishing a long file alone.
+    """
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
 
 
 @pytest.fixture(autouse=True)

@@ -110,6 +110,7 @@ def test_a_resume_trains_the_saved_pending_rollouts_and_loses_no_step(tmp_path, 
     assert sorted({step_of(episode) for episode, _ in history}) == list(range(6))
 
 
+@pytest.mark.slow
 def test_the_async_benchmark_runs():
     """``benchmarks/async_pipeline.py --smoke`` as a reader runs it; numbers are not asserted (shared machine)."""
     from tests.test_benchmarks_smoke import run_benchmark, table_rows

@@ -383,6 +383,7 @@ def test_valid_variants_still_pass(make: Make, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_valid_variant_trains(tmp_path, capsys):
     config = jsonl_data("\n".join(json.dumps({"target": t, "answer": t}) for t in "abcd") + "\n")(tmp_path)
     code = main(["train", str(config), "--run-dir", str(tmp_path / "run"), *FAST])

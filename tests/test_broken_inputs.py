@@ -480,6 +480,7 @@ CHECKPOINT_FILES = {  # kind -> (the file holding the payload, how it is planted
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vouched", [False, True], ids=["unlisted", "vouched"])
 @pytest.mark.parametrize("kind", sorted(CHECKPOINT_FILES))
 def test_a_pickle_payload_in_a_checkpoint_file_never_runs_on_resume(saved, capsys, tmp_path, kind, vouched):
@@ -569,6 +570,7 @@ def _edit(path, change):
      "taken after step 4"),
     ("snapshot_pools.json", lambda p: p.write_text("{\"step\": 4"), "JSONDecodeError"),
 ])
+@pytest.mark.slow
 def test_a_bad_state_file_makes_its_checkpoint_fall_back(saved, capsys, name, damage, cause):
     config, run_dir = saved
     damage(newest(run_dir) / name)

@@ -158,6 +158,7 @@ def test_validate_refuses_a_broken_centralized_critic(capsys, sets, field, words
 # ------------------------------------------------ unimas train with a centralized critic, and resume
 
 
+@pytest.mark.slow
 def test_unimas_train_with_a_centralized_critic_resumes_bit_identically(tmp_path, capsys):
     settings = ["trainer.steps=4", "trainer.save_every=2", "trainer.tasks_per_step=4", "trainer.eval_every=0",
                 "algorithm.group_size=4", "algorithm.critic_warmup=1", "logging.console=false"]

@@ -117,6 +117,7 @@ def test_validate_reports_template_use_and_memory(chat_model):
     assert "answerer -> chat (chat template, memory none)" in text
 
 
+@pytest.mark.slow
 def test_the_chat_quickstart_learns(chat_model, tmp_path, repo):
     """Signalling through the chat template on the test model: from its step-0 accuracy to perfect."""
     from unimas.cli import main

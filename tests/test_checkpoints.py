@@ -284,6 +284,7 @@ def serve_checkpoint(directory: Path, capsys, monkeypatch) -> tuple[int, str]:
     return code, output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vouched", [False, True], ids=["unlisted", "vouched"])
 @pytest.mark.parametrize("command", ["resume", "eval", "serve"])
 @pytest.mark.parametrize("kind", sorted(PLANTED))

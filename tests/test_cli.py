@@ -10,6 +10,7 @@ from tests.conftest import EXAMPLES
 from unimas.cli import main
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_example_validates(config, capsys, chat_model):
     """Chat examples point at a model directory the user builds or downloads: the test model stands in."""
@@ -73,6 +74,7 @@ def test_graph_errors_name_the_node(tmp_path, capsys):
     assert "orphan" in err
 
 
+@pytest.mark.slow
 def test_cli_process_exit_code_and_debug_traceback(tmp_path):
     path = broken(tmp_path, lambda t: t["roles"]["listener"].update(model="nowhere"))
     quiet = subprocess.run([sys.executable, "-m", "unimas.cli", "validate", str(path)], capture_output=True, text=True)

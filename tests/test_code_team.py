@@ -23,6 +23,7 @@ needs_sandbox = pytest.mark.skipif(not sandbox.available(), reason="the code san
 ADD_TESTS = "assert add(1, 2) == 3\nassert add(-1, 1) == 0\nassert add(2, 2) == 4\nassert True"
 
 
+@pytest.mark.slow
 @needs_sandbox
 def test_humaneval_canonical_solutions_pass_and_wrong_ones_fail_offline():
     problems = ct.load_humaneval()

@@ -96,6 +96,7 @@ def _all_finite(records: list[dict]) -> bool:
     return all(math.isfinite(v) for r in records for v in r.values() if isinstance(v, float))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(RUNS))
 def test_an_extreme_reward_is_clipped_counted_and_recorded(case, train, capsys):
     level, value, weight, expected = RUNS[case]

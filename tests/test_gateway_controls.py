@@ -237,6 +237,7 @@ async def forced_agent(task: dict, base_url: str) -> dict:
     return {"answer": "k", "named": named.model_dump(), "required": required.model_dump()}
 
 
+@pytest.mark.slow
 def test_tool_choice_forces_a_call_whose_opening_is_never_trained(tool_model):
     [trajectory], _ = run_episodes(agent_team(tool_model, "tests.test_gateway_controls:forced_agent"),
                                    [{"target": "k", "answer": "k"}], greedy=True)

@@ -67,6 +67,7 @@ def train_two_steps(model_dir, function: str, tmp_path) -> list:
     return trajectories
 
 
+@pytest.mark.slow
 def test_smolagents_code_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
     pytest.importorskip("smolagents")
     trajectories = train_two_steps(tool_model, "tests.test_gateway_frameworks:smol_code_agent", tmp_path)
@@ -75,6 +76,7 @@ def test_smolagents_code_agent_trains_two_steps(tool_model, tmp_path):  # noqa: 
     assert all(turn.reward is not None for turn in turns)
 
 
+@pytest.mark.slow
 def test_smolagents_tool_calling_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
     pytest.importorskip("smolagents")
     trajectories = train_two_steps(tool_model, "tests.test_gateway_frameworks:smol_tool_calling_agent", tmp_path)
@@ -119,6 +121,7 @@ def train_example(model_dir, example: str, python: str, tmp_path) -> list:
     return trajectories
 
 
+@pytest.mark.slow
 def test_a_langgraph_react_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
     python = python_with("langgraph.prebuilt", "UNIMAS_LANGGRAPH_PYTHON")
     trajectories = train_example(tool_model, "langgraph_agent.py", python, tmp_path)
@@ -129,6 +132,7 @@ def test_a_langgraph_react_agent_trains_two_steps(tool_model, tmp_path):  # noqa
             assert len(turns) == 2 and turns[1].continued and (turns[0].id, turns[1].id) in trajectory.graph.edges
 
 
+@pytest.mark.slow
 def test_litellm_completion_trains_two_steps(tool_model, tmp_path):  # noqa: F811
     python = python_with("litellm", "UNIMAS_LITELLM_PYTHON")
     trajectories = train_example(tool_model, "litellm_agent.py", python, tmp_path)

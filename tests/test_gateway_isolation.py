@@ -339,6 +339,7 @@ def test_a_function_agent_cannot_serve_beyond_loopback(chat_model):
 
 # -- one process tree ----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exit", "hang"])
 def test_no_process_of_an_agent_outlives_its_episode(chat_model, tmp_path, confined, mode):
     mark = f"unimas-agent-{uuid.uuid4().hex}"
@@ -478,6 +479,7 @@ def test_the_host_check_accepts_loopback_and_the_configured_host_only():
 
 # -- unimas serve --------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_unimas_serve_caps_max_tokens_and_refuses_foreign_hosts(chat_model, tmp_path):
     config = tmp_path / "serve.yaml"
     config.write_text((REPO / "examples/gateway/two_agents.yaml").read_text().replace(

@@ -44,6 +44,7 @@ def trained(chat_model, tmp_path_factory) -> tuple[Path, Path]:
     return config, run
 
 
+@pytest.mark.slow
 def test_an_unmodified_two_agent_program_trains_through_the_gateway(trained, chat_model):
     _, run = trained
     trajectories = read_jsonl(run / "trajectories/train.jsonl")
@@ -73,6 +74,7 @@ def test_an_unmodified_two_agent_program_trains_through_the_gateway(trained, cha
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)  # the team was updated
 
 
+@pytest.mark.slow
 def test_unimas_serve_answers_the_same_program_from_the_checkpoint(trained):
     config, run = trained
     checkpoint = run / f"checkpoints/step_{STEPS:06d}"

@@ -136,6 +136,7 @@ def test_datasets(tmp_path):
     assert any("/" in t["answer"] for t in train)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 def test_example_validates_and_trains_two_steps(example, chat_model, repo, tmp_path):
     from unimas.cli import main

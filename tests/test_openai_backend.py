@@ -45,6 +45,7 @@ def config_with_api_listener(tmp_path, endpoint):
     return path
 
 
+@pytest.mark.slow
 def test_speaker_learns_the_code_of_a_frozen_api_listener(tmp_path, endpoint):
     config = config_with_api_listener(tmp_path, endpoint)
     assert main(["validate", str(config)]) == 0

@@ -29,6 +29,7 @@ def unimas(env, *args):
     return subprocess.run([sys.executable, "-m", "unimas.cli", *args], env=env, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_plugin_names_are_listed_with_their_provider(installed_plugin):
     env, _ = installed_plugin
     result = unimas(env, "plugins")
@@ -49,6 +50,7 @@ def test_the_plugin_imports_nothing_but_unimas(installed_plugin):
     assert "import unimas\n" in text and "from unimas" not in text and "unimas." in text
 
 
+@pytest.mark.slow
 def test_config_uses_plugin_by_name_and_trains(installed_plugin, tmp_path):
     env, source = installed_plugin
     config = source / "config.yaml"
@@ -60,6 +62,7 @@ def test_config_uses_plugin_by_name_and_trains(installed_plugin, tmp_path):
     assert all(r["group/tiny/policy_loss"] != 0.0 for r in records[1:])
 
 
+@pytest.mark.slow
 def test_without_the_plugin_the_name_is_unknown(tmp_path):
     result = unimas(dict(os.environ), "validate", str(EXAMPLES / "plugin_package" / "config.yaml"))
     assert result.returncode == 2
@@ -67,6 +70,7 @@ def test_without_the_plugin_the_name_is_unknown(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_duplicate_names_name_both_providers(installed_plugin, tmp_path):
     env, _ = installed_plugin
     (tmp_path / "clash.py").write_text(

@@ -109,6 +109,7 @@ def steps_logged(run) -> list[int]:
     return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_dry_run_places_the_groups_on_the_nodes_with_their_resources(cluster, capsys):
     pool_a_nodes(cluster)
     args = [a for s in RUN + [f"runtime.address={cluster.address}"] for a in ("--set", s)]
@@ -123,6 +124,7 @@ def test_dry_run_places_the_groups_on_the_nodes_with_their_resources(cluster, ca
     assert "on 3 nodes -> fits, 2 of them used" in out
 
 
+@pytest.mark.slow
 def test_a_lost_node_stops_the_run_naming_group_node_and_step(cluster, tmp_path, monkeypatch, capsys):
     pool_a_nodes(cluster)
     removed: list[str] = []
@@ -149,6 +151,7 @@ def ray_nodes(cluster) -> list[dict]:
         ray.shutdown()
 
 
+@pytest.mark.slow
 def test_a_group_on_a_lost_node_restarts_on_a_surviving_node_from_its_checkpoint(cluster, tmp_path, monkeypatch):
     pool_a_nodes(cluster)
     config = load_config(CONFIG, RUN + [f"runtime.address={cluster.address}", "runtime.restart_failed_groups=true"])

@@ -128,10 +128,12 @@ def only_plain_data(obj, path="record"):
 # ------------------------------------------------------------------ twins
 
 
+@pytest.mark.slow
 def test_local_instance_is_sized_for_the_groups(ray_cluster):
     assert ray.cluster_resources()["CPU"] == max(os.cpu_count() or 1, CLUSTER_CPUS)
 
 
+@pytest.mark.slow
 def test_ray_matches_local_places_groups_and_sends_thin_records(ray_transport, tmp_path):
     config = small_config()
     local = LocalTransport.start(config, Experiment.resolve(config).registry)
@@ -256,6 +258,7 @@ class Killer(Recording):
         return await self.inner.generate(group, requests)
 
 
+@pytest.mark.slow
 def test_killed_actor_stops_the_run_with_an_error_naming_group_and_step(ray_cluster, tmp_path, monkeypatch, capsys):
     """restart_failed_groups off (default): exit 1, one line naming the group and the step."""
     original, calls = RayTransport.generate, Counter()
@@ -278,6 +281,7 @@ def test_killed_actor_stops_the_run_with_an_error_naming_group_and_step(ray_clus
     assert [m["step"] for m in metrics] == [0, 1]
 
 
+@pytest.mark.slow
 def test_killed_actor_is_restarted_and_the_step_retried(ray_cluster, tmp_path):
     """restart_failed_groups on: restart from the last checkpoint (initial weights if none), retry once."""
     config = small_config("runtime.restart_failed_groups=true", "trainer.save_every=1")
@@ -297,6 +301,7 @@ def test_killed_actor_is_restarted_and_the_step_retried(ray_cluster, tmp_path):
         transport.shutdown()
 
 
+@pytest.mark.slow
 def test_a_step_that_fails_again_after_the_restart_is_an_error(ray_cluster, tmp_path):
     config = small_config("runtime.restart_failed_groups=true", "trainer.steps=1")
     transport = RayTransport.start(config)
@@ -321,6 +326,7 @@ def wait_for_free_cpus(expected: float, timeout: float = 30.0) -> float:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_actors_and_leaves_a_joined_cluster_running(ray_transport, ray_cluster, tmp_path):
     """The CLI joins this module's cluster by address, gets SIGINT mid-run, exits 130, its actors go."""
     baseline = ray.cluster_resources()["CPU"] - 1.5  # only the module's shared transport holds CPUs
@@ -354,6 +360,7 @@ def test_ctrl_c_stops_the_actors_and_leaves_a_joined_cluster_running(ray_transpo
 # ------------------------------------------------------------------ asynchronous pipeline
 
 
+@pytest.mark.slow
 def test_async_pipeline_on_ray_trains_turns_one_version_old(ray_cluster, tmp_path):
     """``max_staleness: 1`` with actors: the next step's episodes are sampled while the groups update, so some
     turns arrive one weight version old, none older; checkpoints carry the rollouts generated ahead."""
@@ -375,6 +382,7 @@ def test_async_pipeline_on_ray_trains_turns_one_version_old(ray_cluster, tmp_pat
     assert (tmp_path / "checkpoints" / "step_000002" / PENDING).exists()
 
 
+@pytest.mark.slow
 def test_sequential_update_order_scores_turns_through_the_actors(ray_cluster, tmp_path):
     """``reverse_execution`` with ``ratio_clip``: the listener's actor updates, then scores its turns over Ray,
     and the speaker's stage runs on the ratios; each group updates once per step."""
@@ -393,6 +401,7 @@ CENTRAL = EXAMPLES / "quickstart_central_critic.yaml"
 CRITIC = "{optim: {lr: 0.001}, value_clip: 0.5}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, extra", [
     (CONFIG, ["algorithm.estimator=gae", "algorithm.critic_warmup=1", f"models.speaker_model.critic={CRITIC}",
               f"models.listener_model.critic={CRITIC}"]),

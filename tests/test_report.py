@@ -75,6 +75,7 @@ def test_viewer_in_headless_chromium_shows_every_role_and_the_reward_charts(real
     shutil.copy(real_run / "report.html", ARTIFACTS / "report.html")
 
 
+@pytest.mark.slow
 def test_report_survives_a_killed_run(tmp_path):
     run = tmp_path / "killed"
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}

@@ -136,6 +136,7 @@ def _details(dom: str, node_id: str) -> str:
     return dom[start:end if end >= 0 else len(dom)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the Debian `chromium` package at /usr/bin/chromium")
 def test_viewer_shows_each_roles_conversation_in_headless_chromium(chat_run, tmp_path):
     path = write_report(chat_run)

@@ -132,6 +132,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_damaged_run_directory_renders_or_exits_2_naming_the_file(case, small_run, tmp_path, capsys):
     damage, code, named = CASES[case]
@@ -186,6 +187,7 @@ def _hostile_run(small_run: Path, tmp_path: Path) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_model_text_is_escaped_in_every_context(small_run, tmp_path):
     run = _hostile_run(small_run, tmp_path)
     assert main(["report", str(run)]) == 0
@@ -203,6 +205,7 @@ def test_model_text_is_escaped_in_every_context(small_run, tmp_path):
     assert "alert(3)" in outside and "<script>alert(3)" not in outside  # the metric name
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the Debian `chromium` package at /usr/bin/chromium")
 def test_hostile_text_renders_as_text_in_headless_chromium(small_run, tmp_path):
     run = _hostile_run(small_run, tmp_path)

@@ -111,6 +111,7 @@ def test_without_a_config_every_logged_reward_is_drawn_per_role(hand_run):
     assert _labels(terms["term-exact_match"]) == ROLES  # level unknown: nothing is merged
 
 
+@pytest.mark.slow
 def test_every_workflow_metric_gets_a_chart_and_none_without_them(hand_run, tmp_path):
     workflow = _group(chart_groups([load_run(hand_run)]), "plot-workflow")
     assert list(workflow) == ["workflow-workflow/rounds", "workflow-workflow/agree_rate"]  # no chart of counts
@@ -314,6 +315,7 @@ def browse(page: Path, tmp_path: Path) -> tuple[str, dict]:
 needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs the Debian `chromium` package")
 
 
+@pytest.mark.slow
 @needs_chromium
 def test_charts_draw_and_answer_hover_toggle_and_zoom_without_errors(hand_run, tmp_path):
     page = write_report(hand_run)

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from tests.conftest import EXAMPLES
@@ -56,6 +57,7 @@ def test_the_opponent_plays_a_pooled_snapshot_of_the_learner(chat_model, tmp_pat
         assert all(t.advantage is None for t in traj.turns("debater_b"))  # an earlier self never learns
 
 
+@pytest.mark.slow
 def test_a_resumed_run_plays_the_same_opponents(chat_model, tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert main(["train", CONFIG, "--run-dir", str(whole), *_args(chat_model, "trainer.steps=6")]) == 0

@@ -55,6 +55,7 @@ def test_start_up_paths_import_nothing_heavy(code):
     assert heavy == set(), f"loaded {sorted(heavy)}"
 
 
+@pytest.mark.slow
 def test_the_check_would_see_a_heavy_import():
     """The probe itself works: reading a lazy name that needs the trainer does load torch."""
     assert "torch" in loaded_after("import unimas; unimas.train")

@@ -35,6 +35,7 @@ def tokenizer(model_dir):
     return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
 
 
+@pytest.mark.slow
 def test_directory_loads_with_auto_classes(model_dir, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
     assert model.config.model_type == "qwen2"
@@ -116,6 +117,7 @@ def test_boundaries_inside_text_are_not_token_exact(tokenizer):
     assert tokenizer.decode(chars) == "print" and tokenizer("print")["input_ids"] != chars
 
 
+@pytest.mark.slow
 def test_same_seed_same_files_other_seed_other_weights(tmp_path, model_dir):
     again = build_chat_model(tmp_path / "again")
     for name in ("tokenizer.json", "model.safetensors", "config.json", "chat_template.jinja"):
@@ -135,6 +137,7 @@ def test_generate_stops_at_im_end(model_dir, tokenizer):
     assert batch["input_ids"][1, 0].item() == tokenizer.pad_token_id  # left padding
 
 
+@pytest.mark.slow
 def test_chat_model_dir_reuses_a_finished_build(tmp_path):
     first = chat_model_dir(tmp_path)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
@@ -143,6 +146,7 @@ def test_chat_model_dir_reuses_a_finished_build(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["tiny-chat"]
 
 
+@pytest.mark.slow
 def test_cli_prints_directory_and_parameter_count(tmp_path, capsys):
     assert tiny_chat.main([str(tmp_path / "m"), "--hidden-size", "32", "--layers", "1", "--heads", "2"]) == 0
     out = capsys.readouterr().out

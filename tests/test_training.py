@@ -20,6 +20,7 @@ def evals(records):
     return [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["quickstart.yaml", "quickstart_separate.yaml", "quickstart_lora.yaml"])
 def test_signalling_game_learns_from_chance_to_perfect(tmp_path, config):
     records = train(config, tmp_path)

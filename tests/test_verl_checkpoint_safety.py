@@ -119,6 +119,7 @@ def test_the_payload_runs_code_when_unpickled(tmp_path):
     assert (tmp_path / "unpickled").exists()
 
 
+@pytest.mark.slow
 def test_every_file_a_verl_group_loads_is_a_planted_kind(base):
     """A new file in the layout must join KINDS (the LoRA group's schedule, RNG and state are the speaker's kinds)."""
     for group in ("speaker_model", "listener_model"):
@@ -129,6 +130,7 @@ def test_every_file_a_verl_group_loads_is_a_planted_kind(base):
     assert {f"speaker_model/{name}" for name in (*RANK_FILES, *GROUP_FILES)} <= set(KINDS.values())
 
 
+@pytest.mark.slow
 def test_untouched_checkpoints_load(copy, capsys, no_server):
     config = str(copy / "config.yaml")
     code, output = run(capsys, "eval", config, "--checkpoint", str(newest(copy)), "--run-dir", str(copy / "eval"))

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
@@ -25,6 +27,7 @@ def test_tier_a_checks_pass_at_tiny_shape(tmp_path, monkeypatch):
         assert group["sync_logprob_diff"] <= 1e-5 and group["export_matches_hf_state_dict"]
 
 
+@pytest.mark.slow
 def test_tier_b_checks_pass_with_hf_servers_in_place_of_vllm(tmp_path):
     """Tier B's path (two one-rank worker groups, served rollouts, sleep, sync check, isolation) minus vLLM."""
     out = tmp_path / "report.json"
@@ -37,6 +40,7 @@ def test_tier_b_checks_pass_with_hf_servers_in_place_of_vllm(tmp_path):
     assert report["sync_logprob_diff"] <= 1e-5 and report["other_group_logprob_change"] == 0.0
 
 
+@pytest.mark.slow
 def test_tier_a_runs_with_verls_ray_imports_answered_by_the_stand_in(tmp_path):
     """As on a GPU machine without Ray: the script must not need a real Ray module."""
     out = tmp_path / "report.json"

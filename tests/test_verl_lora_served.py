@@ -10,6 +10,7 @@ check holds.
 
 from __future__ import annotations
 
+import pytest
 import ray
 
 from unimas.config.loading import config_from_dict
@@ -62,6 +63,7 @@ def trained_scores(registry, **options):
         group.close()
 
 
+@pytest.mark.slow
 def test_served_and_ranked_lora_groups_train_as_the_in_process_one():
     registry = build_registry()
     ray_before = ray.is_initialized()

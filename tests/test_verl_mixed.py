@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from tests.conftest import EXAMPLES
@@ -31,6 +32,7 @@ class Judge:
         return {"text": "A" if len(body["prompt"]) % 2 else "B", "finish_reason": "stop"}
 
 
+@pytest.mark.slow
 def test_verl_torch_and_api_groups_train_in_one_run(tmp_path, chat_model):
     tree = yaml.safe_load((EXAMPLES / "debate_selfplay_cpu.yaml").read_text())
     with completions_server(Judge.answer) as endpoint:

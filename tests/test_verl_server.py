@@ -70,6 +70,7 @@ def gap(x, y):
     return max(abs(p - q) for a, b in zip(x, y) for p, q in zip(a, b))
 
 
+@pytest.mark.slow
 def test_each_group_has_its_own_named_server_built_by_verl(groups):
     a, b = groups["srv_a"], groups["srv_b"]
     assert a.configs.rollout.name == b.configs.rollout.name == SERVER_ROLLOUT
@@ -105,6 +106,7 @@ def test_sync_through_the_checkpoint_engine_matches_the_trainer_and_isolates_gro
         assert served(b) == b_served and b.rollout.weight_version == 0
 
 
+@pytest.mark.slow
 def test_load_restores_the_servers_weights_version_and_sampling_state(groups, tmp_path):
     b = groups["srv_b"]
     b.save(tmp_path / "b")

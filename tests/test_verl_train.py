@@ -89,6 +89,7 @@ def test_a_verl_group_trains_beside_a_torch_group(tmp_path):
     assert (checkpoint / "listener_model" / "model" / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_asynchronous_pipeline_with_two_verl_groups(tmp_path):
     """max_staleness 1: generation of step k+1 overlaps the updates of step k; the late turns are reweighted."""
     run = tmp_path / "run"

@@ -114,6 +114,7 @@ def gap(x, y):
     return max(abs(p - q) for a, b in zip(x, y) for p, q in zip(a, b))
 
 
+@pytest.mark.slow
 def test_two_ranks_score_as_one_rank_and_have_a_server_each(groups):
     ranked, single = groups
     assert ranked.trainer.ranks == 2 and ranked.actor is None
@@ -133,12 +134,13 @@ def test_two_ranks_score_as_one_rank_and_have_a_server_each(groups):
 def test_update_sync_reference_and_checkpoint(groups, tmp_path):
     ranked, single = groups
     before = ranked.trainer_logprobs(TURNS)
+    version = ranked.rollout.weight_version + 1  # the module's groups may have trained in an earlier test
     metrics = ranked.update(TURNS)
     after = ranked.trainer_logprobs(TURNS)
-    assert metrics["weight_version"] == 2 and metrics["lr"] == 0.01
+    assert metrics["weight_version"] == version and metrics["lr"] == 0.01
     for turn, old, new in zip(TURNS, before, after):  # advantages +1, -1, +1
         assert (sum(new) > sum(old)) == (turn.advantage > 0)
-    assert ranked.last_sync_diff < 1e-5 and ranked.rollout.weight_version == 2
+    assert ranked.last_sync_diff < 1e-5 and ranked.rollout.weight_version == version
     served = ranked.rollout.logprobs_per_server([t.prompt_ids for t in TURNS], [t.response_ids for t in TURNS],
                                                 [t.temperature or 1.0 for t in TURNS])
     assert len(served) == 2 and all(gap(answer, after) < 1e-5 for answer in served)
@@ -149,7 +151,7 @@ def test_update_sync_reference_and_checkpoint(groups, tmp_path):
     ranked.update(TURNS)
     assert gap(ranked.trainer_logprobs(TURNS), after) > 1e-3
     ranked.load(tmp_path / "ckpt")
-    assert ranked.trainer_logprobs(TURNS) == after and ranked.rollout.weight_version == 2
+    assert ranked.trainer_logprobs(TURNS) == after and ranked.rollout.weight_version == version
     with pytest.raises(UserError, match="2 ranks"):
         single.load(tmp_path / "ckpt")
     shard = tmp_path / "ckpt" / "verl_actor" / "model_rank_1_of_2.safetensors"  # a rank's refusal reaches the group

@@ -41,15 +41,18 @@ import inspect
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
-import torch
 
+from unimas.algorithms import verl_catalog
 from unimas.algorithms.functions import Estimator
 from unimas.config.schema import ExperimentConfig, RewardConfig
 from unimas.errors import UserError, describe
 from unimas.trajectory import GraphTrajectory, TurnNode
+
+if TYPE_CHECKING:
+    import torch
 
 
 REWARD_BOUND = 1e6
@@ -226,10 +229,12 @@ class CreditAssigner:
         # 3. estimation
         algorithm = self.config.algorithm
         signal = self.shaper(turns) if self.shaper is not None else [c.turn.reward for c in turns]
+        import torch  # here, not at the top: reading metrics or a report imports this module without training
+
         scores = torch.tensor([[value] for value in signal], dtype=torch.float32)
         if self.estimator.needs_critic:  # per-token advantages come from a critic: the groups' or the central one
             advantages = torch.zeros_like(scores)
-        elif self.estimator.fn is _verl_grpo():
+        elif _underlying(self.estimator.fn) is _verl_grpo():
             advantages = grouped_advantages(scores, [c.key for c in turns], algorithm.norm_by_std)
         else:
             index = np.array([c.key for c in turns], dtype=object)
@@ -241,6 +246,11 @@ class CreditAssigner:
         if finite:
             metrics.update(_diagnostics(finite, per_turn_advantages=not self.estimator.needs_critic))
         return Credit(finite, metrics)
+
+
+def _underlying(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's own function behind a catalog entry (:mod:`unimas.algorithms.verl_catalog`); else ``fn``."""
+    return fn.resolve() if isinstance(fn, verl_catalog.VerlFunction) else fn
 
 
 def _verl_grpo() -> Callable[..., Any]:
@@ -259,6 +269,8 @@ def grouped_advantages(scores: torch.Tensor, keys: Sequence[str], norm_by_std: b
     bits (``tests/test_async_pipeline.py`` compares them); a lone turn keeps
     mean 0 and std 1, as there.
     """
+    import torch
+
     flat = scores[:, 0].clone()
     members: dict[str, list[int]] = defaultdict(list)
     for row, key in enumerate(keys):

@@ -20,10 +20,12 @@ are bound once, when the name is resolved.
 
     loss = policy_loss - entropy_coef * entropy + kl_coef * KL(policy || reference)
 
-Every backend calls it (the torch backend today, a verl backend next), so
-they all optimise the same thing. This is the only module that imports verl; the imports sit
-inside functions because ``import verl`` costs seconds and commands that
-never train should not pay for it.
+Every backend calls it (the torch and verl backends), so they all optimise
+the same thing. Here and in :mod:`unimas.algorithms.verl_catalog` (verl's
+registries by signature, cached) are the only imports of verl in this layer;
+they sit inside functions because ``import verl`` costs seconds and commands
+that never train (``unimas validate``) should not pay for it. torch is
+imported only for type hints, for the same reason.
 """
 
 from __future__ import annotations
@@ -32,14 +34,16 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-import numpy as np
-import torch
-
+from unimas.algorithms import verl_catalog
 from unimas.config import plugin_params
 from unimas.config.schema import AlgorithmConfig
 from unimas.errors import UserError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 
@@ -115,7 +119,7 @@ class Estimator:
                  gamma: float = 1.0) -> torch.Tensor:
         """Advantages for ``scores`` (turns, 1): one credit scalar per turn, grouped by ``index``."""
         params = inspect.signature(self.fn).parameters
-        available = {"token_level_rewards": scores, "response_mask": torch.ones_like(scores), "index": index,
+        available = {"token_level_rewards": scores, "response_mask": scores.new_ones(scores.shape), "index": index,
                      "norm_adv_by_std_in_grpo": norm_by_std, "config": _algo_config(float(gamma), bool(norm_by_std))}
         advantages, _returns = self.fn(**{key: value for key, value in available.items() if key in params})
         return advantages
@@ -131,7 +135,7 @@ def _algo_config(gamma: float, norm_by_std: bool):
 def estimators(registry: "PluginTable") -> dict[str, Estimator]:
     """Every estimator by name: plugins first (they may shadow a verl name), then verl's registry."""
     table = {name: Estimator.from_function(name, fn, "verl")
-             for name, fn in _core_algos().ADV_ESTIMATOR_REGISTRY.items()}
+             for name, fn in verl_catalog.functions("estimators").items()}
     for name in registry.names("estimators"):
         table[name] = Estimator.from_function(name, registry.get("estimators", name),
                                               registry.provider("estimators", name))
@@ -150,7 +154,7 @@ def resolve_estimator(name: str, registry: "PluginTable", params: dict[str, Any]
 
 def policy_losses(registry: "PluginTable") -> dict[str, Callable[..., Any]]:
     """Every policy loss by name: plugins first, then verl's ``POLICY_LOSS_REGISTRY``."""
-    table = dict(_core_algos().POLICY_LOSS_REGISTRY)
+    table: dict[str, Callable[..., Any]] = dict(verl_catalog.functions("policy_losses"))
     table.update({name: registry.get("policy_losses", name) for name in registry.names("policy_losses")})
     return table
 
@@ -195,7 +199,7 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "
 
 
 def _to_float(value: Any) -> float:
-    return float(value.detach().item()) if isinstance(value, torch.Tensor) else float(value)
+    return float(value.detach().item()) if hasattr(value, "detach") else float(value)  # a tensor, or a number
 
 
 def compose_loss(
@@ -222,7 +226,7 @@ def compose_loss(
                                       config=config)
     entropy_value = agg_loss(entropy, response_mask, mode)
     loss = pg_loss - settings.entropy_coef * entropy_value if settings.entropy_coef > 0 else pg_loss
-    kl_value = torch.zeros(())
+    kl_value = loss.new_zeros(())
     if settings.kl_coef > 0:
         if ref_log_prob is None:
             raise ValueError("kl_coef > 0 needs reference log-probs")

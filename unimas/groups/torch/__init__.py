@@ -1,7 +1,21 @@
-"""The in-process PyTorch backend (``backend: torch``); see :mod:`unimas.groups.torch.group`."""
+"""The in-process PyTorch backend (``backend: torch``); see :mod:`unimas.groups.torch.group`.
 
-from unimas.groups.torch.group import TorchModelGroup
-from unimas.groups.torch.options import TinyModelConfig, TorchOptions
-from unimas.groups.torch.training import SupervisedExample
+Names load on first use (PEP 562): checking a config imports :mod:`unimas.groups.torch.options` alone, without
+torch or transformers (``unimas validate`` answers in seconds).
+"""
 
-__all__ = ["SupervisedExample", "TinyModelConfig", "TorchModelGroup", "TorchOptions"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {"TorchModelGroup": "group", "TinyModelConfig": "options", "TorchOptions": "options",
+          "SupervisedExample": "training"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -28,12 +28,13 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
 
 from unimas.errors import UserError
+from unimas.groups.torch.options import MODEL_DIR
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
 if TYPE_CHECKING:
     from unimas.groups.torch.group import TorchModelGroup
 
-MODEL_DIR, ADAPTER_DIR, REFERENCE_DIR = "model", "adapters", "reference"
+ADAPTER_DIR, REFERENCE_DIR = "adapters", "reference"
 CRITIC_DIR = "critic"
 """The group's value model, optimiser and schedule (``unimas.groups.torch.critic``): resume-only."""
 OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE = "optimizer.pt", "scheduler.pt", "rng.pt"

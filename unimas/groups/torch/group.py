@@ -97,7 +97,7 @@ class TorchModelGroup(ModelGroup):
         self._rollout_lock = threading.RLock()
         self.replica: Optional[RolloutReplica] = None
         if getattr(spec.options, "rollout_process", False):
-            self.replica = RolloutReplica(spec, self.model, device, self.weight_version)
+            self.replica = RolloutReplica(spec, self.model, self.weight_version)
         elif spec.algorithm.max_staleness > 0:
             self._rollout_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         self._sampling_lock = self._lock if self._rollout_model is None and self.replica is None else self._rollout_lock

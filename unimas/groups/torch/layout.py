@@ -30,7 +30,7 @@ class PaddedBatch:
 
 
 def layout_batch(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad: int, device) -> PaddedBatch:
-    """Build the padded batch from Python lists: the ids in one flat buffer, the mask from the row lengths."""
+    """Build the padded batch from Python lists: the ids from one flat buffer, the mask from the row lengths."""
     prompt_lengths = [len(p) for p in prompts]
     response_lengths = [len(r) for r in responses]
     width_p, width_r = max(prompt_lengths), max(response_lengths)

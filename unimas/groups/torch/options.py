@@ -8,15 +8,18 @@ verl worker. Unknown keys are errors, as everywhere in the config.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from unimas.config.loading import missing_model_hint
-from unimas.groups.torch.checkpoint import MODEL_DIR
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+MODEL_DIR = "model"
+"""The weights folder inside a saved group (``unimas.groups.torch.checkpoint`` writes it): defined here so that
+checking options (``unimas validate``) needs neither torch nor transformers."""
 
 
 class TinyModelConfig(BaseModel):
@@ -97,8 +100,10 @@ class TorchOptions(BaseModel):
         return self.tiny.alphabet if self.tiny is not None else None
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+    def torch_dtype(self) -> "torch.dtype":
+        import torch
+
+        return getattr(torch, self.dtype)
 
 
 def _exists(path: Path) -> bool:

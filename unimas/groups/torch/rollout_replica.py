@@ -35,6 +35,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import mmap
 import os
 import re
@@ -114,10 +115,7 @@ def views(data: torch.Tensor, layout: WeightLayout) -> list[torch.Tensor]:
     out = []
     for _, dtype, shape, offset in layout.entries:
         kind = DTYPES[dtype]
-        count = 1
-        for dim in shape:
-            count *= dim
-        nbytes = count * torch.empty((), dtype=kind).element_size()
+        nbytes = math.prod(shape) * torch.empty((), dtype=kind).element_size()
         out.append(data[offset: offset + nbytes].view(kind).view(shape))
     return out
 
@@ -136,15 +134,14 @@ def decode_state(text: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
-def child_spec(spec: GroupSpec, device: torch.device) -> dict[str, Any]:
+def child_spec(spec: GroupSpec) -> dict[str, Any]:
     """What the child builds its sampling copy from, as JSON: the group's sources, no critic, no pipeline, no
     replica of its own, not trainable (it never updates)."""
     config = spec.config.model_copy(update={"critic": None, "trainable": False})
     return {"name": spec.name, "config": config.model_dump(mode="json"),
             "options": spec.options.model_copy(update={"rollout_process": False}).model_dump(mode="json"),
             "adapters": list(spec.adapters), "seed": spec.seed,
-            "algorithm": spec.algorithm.model_copy(update={"max_staleness": 0}).model_dump(mode="json"),
-            "device": str(device)}
+            "algorithm": spec.algorithm.model_copy(update={"max_staleness": 0}).model_dump(mode="json")}
 
 
 class RolloutReplica:
@@ -153,7 +150,7 @@ class RolloutReplica:
     Not thread-safe by itself: the group calls it under its rollout lock.
     """
 
-    def __init__(self, spec: GroupSpec, model: torch.nn.Module, device: torch.device, version: int):
+    def __init__(self, spec: GroupSpec, model: torch.nn.Module, version: int):
         self.group = spec.name
         self.layout = WeightLayout.of(model)
         folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -167,7 +164,7 @@ class RolloutReplica:
         request_read, self._request_fd = os.pipe()
         self._reply_fd, reply_write = os.pipe()
         self._log: IO[bytes] = tempfile.TemporaryFile(prefix="unimas-replica-log-")
-        init = {**child_spec(spec, device), "weights": self.path, "layout": self.layout.to_json()}
+        init = {**child_spec(spec), "weights": self.path, "layout": self.layout.to_json()}
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "unimas.groups.torch.replica_main", str(request_read), str(reply_write),

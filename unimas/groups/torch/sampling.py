@@ -68,13 +68,11 @@ class StopStrings:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stops: Sequence[Optional[Sequence[str]]]):
         self.tokenizer = tokenizer
-        self.stops = [list(s or []) for s in stops]
+        self.stops = [list(s) if s else [] for s in stops]
+        self.active = any(self.stops)
+        """Whether any row has stop strings (most batches have none: then nothing else is computed)."""
         # a character is at most 4 byte-level tokens: this many tail tokens hold any stop string just completed
-        self.window = [4 * max((len(x) for x in s), default=0) + 4 for s in self.stops]
-
-    @property
-    def active(self) -> bool:
-        return any(self.stops)
+        self.window = [4 * max((len(x) for x in s), default=0) + 4 for s in self.stops] if self.active else []
 
     def hit(self, row: int, tokens: Sequence[int]) -> bool:
         """Whether ``tokens`` (the row's sampled ids so far) end with text that completes one of its stops."""

@@ -1,0 +1,92 @@
+"""verl's algorithm registries known without importing verl (unimas/algorithms/verl_catalog.py).
+
+The catalog must describe exactly what the installed verl registers, call verl's own functions, survive a
+damaged or foreign cache file, and keep ``unimas validate`` free of ``import verl``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import EXAMPLES, REPO
+from unimas.algorithms import verl_catalog
+from unimas.algorithms.functions import estimators, policy_losses
+from unimas.contract.registry import build_registry
+
+
+@pytest.fixture
+def fresh_catalog(tmp_path, monkeypatch):
+    """An empty cache dir of this test's own, and no catalog loaded in this process yet."""
+    monkeypatch.setenv("UNIMAS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(verl_catalog, "_loaded", None)
+    return tmp_path / "cache" / "verl-algorithms.json"
+
+
+def shape(fn) -> list[tuple[str, str, bool]]:
+    return [(p.name, p.kind.name, p.default is not p.empty) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("section", sorted(verl_catalog.REGISTRIES))
+def test_the_catalog_is_verls_registry_by_name_and_signature(fresh_catalog, section):
+    from verl.trainer.ppo import core_algos
+
+    registry = getattr(core_algos, verl_catalog.REGISTRIES[section])
+    catalog = verl_catalog.functions(section)
+    assert list(catalog) == list(registry)
+    for name, fn in registry.items():
+        assert shape(catalog[name]) == shape(fn), name
+    assert fresh_catalog.is_file()  # written for the next process
+
+
+def test_a_catalog_entry_calls_verls_own_function(fresh_catalog):
+    from verl.trainer.ppo import core_algos
+
+    scores = torch.tensor([[1.0], [0.0], [0.5], [2.0]])
+    index = np.array(["a", "a", "b", "b"], dtype=object)
+    through_catalog = estimators(build_registry([]))["grpo"](scores, index)
+    direct, _ = core_algos.compute_grpo_outcome_advantage(scores, torch.ones_like(scores), index)
+    assert torch.equal(through_catalog, direct)
+    assert policy_losses(build_registry([]))["vanilla"].resolve() is core_algos.POLICY_LOSS_REGISTRY["vanilla"]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda path: path.write_text("{not json"),
+    lambda path: path.write_text(json.dumps({"install": "x", "estimators": {"gae": [{"name": 1}]},
+                                             "policy_losses": {}})),
+    lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "install": "verl 0.0.1 elsewhere"})),
+    lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "estimators": {}, "extra": 1})),
+], ids=["garbage", "wrong-types", "another-install", "unknown-field"])
+def test_a_damaged_or_foreign_cache_is_rebuilt(fresh_catalog, monkeypatch, damage):
+    verl_catalog.functions("estimators")
+    damage(fresh_catalog)
+    monkeypatch.setattr(verl_catalog, "_loaded", None)
+    catalog = verl_catalog.functions("estimators")
+    assert "gae" in catalog and "grpo" in catalog
+    rebuilt = verl_catalog.Catalog.model_validate_json(fresh_catalog.read_text())
+    assert rebuilt.install == verl_catalog._install_key() and "gae" in rebuilt.estimators
+
+
+def test_an_unwritable_cache_dir_only_costs_the_import(fresh_catalog, tmp_path, monkeypatch):
+    blocker = tmp_path / "file-not-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("UNIMAS_CACHE_DIR", str(blocker / "cache"))
+    assert "gae" in verl_catalog.functions("estimators")
+
+
+def test_validate_with_a_warm_cache_never_imports_verl(tmp_path):
+    probe = ("import sys; from unimas.cli import main; code = main(['validate', sys.argv[1]]); "
+             "print('IMPORTED', sorted(m for m in ('verl', 'tensordict', 'ray') if m in sys.modules)); "
+             "sys.exit(code)")
+    env = {"UNIMAS_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", probe, str(EXAMPLES / "quickstart.yaml")], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr[-2000:]
+    assert "'verl'" in runs[0].stdout  # the first run imports verl once and writes the cache
+    assert "IMPORTED []" in runs[1].stdout, runs[1].stdout
