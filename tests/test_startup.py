@@ -10,6 +10,7 @@ behaviour check, not a timing one (benchmarks/startup.py has the times).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -74,12 +75,36 @@ def test_lazy_names_are_the_defining_modules_objects():
 
 
 def test_registry_imports_a_backend_when_it_is_asked_for():
-    from unimas.groups.torch import TorchModelGroup
+    from unimas.groups.torch import TorchBackend
 
     registry = build_registry()
     assert isinstance(registry.entries["backends"]["torch"].obj, Deferred)  # discovery did not import it
-    assert registry.get("backends", "torch") is TorchModelGroup
-    assert registry.entries["backends"]["torch"].obj is TorchModelGroup  # imported once
+    assert registry.get("backends", "torch") is TorchBackend
+    assert registry.entries["backends"]["torch"].obj is TorchBackend  # imported once
+
+
+@pytest.mark.parametrize("alphabet", ["SL:abcdefgh01234567", "aab ba\n\t:", "xyz<>"])
+def test_a_tiny_models_vocabulary_without_a_tokenizer_is_its_tokenizers(alphabet):
+    """What ``unimas validate`` reads off the options equals what the char tokenizer itself lists."""
+    from unimas.groups.torch import source
+    from unimas.groups.torch.backend import TorchBackend
+    from unimas.groups.torch.options import TorchOptions
+
+    options = TorchOptions(tiny={"alphabet": alphabet})
+    assert TorchBackend.vocabulary(options) == source.vocabulary(options)
+    assert TorchBackend.has_chat_template(options) is False
+
+
+def test_validate_of_a_tiny_config_imports_neither_torch_nor_transformers(tmp_path):
+    probe = ("import sys; from unimas.cli import main; code = main(['validate', sys.argv[1]]); "
+             "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'verl', 'ray') if m in sys.modules)); "
+             "sys.exit(code)")
+    env = {**os.environ, "UNIMAS_CACHE_DIR": str(tmp_path / "cache")}
+    for _ in range(2):  # the first run writes the verl catalog (unimas/algorithms/verl_catalog.py)
+        done = subprocess.run([sys.executable, "-c", probe, str(REPO / "examples" / "quickstart.yaml")], env=env,
+                              cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert "HEAVY []" in done.stdout, done.stdout[-500:]
 
 
 def test_a_backend_that_cannot_be_imported_is_a_user_error_naming_it():

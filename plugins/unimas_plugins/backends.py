@@ -14,6 +14,6 @@ from unimas.contract.registry import Deferred
 
 @unimas.hookimpl
 def unimas_backends():
-    return {"torch": Deferred("unimas.groups.torch", "TorchModelGroup"),
+    return {"torch": Deferred("unimas.groups.torch.backend", "TorchBackend"),
             "openai": Deferred("unimas.groups.openai", "OpenAIModelGroup"),
             "verl": Deferred("unimas.groups.verl.group", "VerlModelGroup")}

@@ -69,7 +69,9 @@ class PolicyLossFn(Protocol):
 
 
 class Backend(Protocol):
-    """What ``unimas_backends`` returns per name: usually the :class:`unimas.ModelGroup` subclass itself.
+    """What ``unimas_backends`` returns per name: the :class:`unimas.ModelGroup` subclass itself, or a light
+    class whose ``build`` imports it (the torch backend's ``TorchBackend``, so that checking a config
+    imports no modelling code).
 
     ``options`` validates ``models.<group>.options``; ``build`` makes the
     group. Optional class attributes: ``can_train = False`` for backends that

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_HOMES = {"TorchModelGroup": "group", "TinyModelConfig": "options", "TorchOptions": "options",
-          "SupervisedExample": "training"}
+_HOMES = {"TorchBackend": "backend", "TorchModelGroup": "group", "TinyModelConfig": "options",
+          "TorchOptions": "options", "SupervisedExample": "training"}
 
 __all__ = sorted(_HOMES)
 
