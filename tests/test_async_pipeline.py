@@ -68,11 +68,15 @@ class Killed(BaseException):
     """Stands in for SIGKILL: nothing in the trainer catches it."""
 
 
-def test_a_resume_trains_the_saved_pending_rollouts_and_loses_no_step(tmp_path, monkeypatch):
-    from unimas.training.pipeline import PENDING
+def record_and_kill_at_step_3(monkeypatch) -> tuple[list[tuple], dict[str, int]]:
+    """Patch the trainer to record every trained turn and, on the first attempt, die as step 3 starts.
+
+    Returns the record, ``(attempt, episode, turn id, weight version, response tokens)`` per trained turn,
+    and the attempt counter (set ``attempt["n"] = 2`` before the resume).
+    """
     from unimas.training.trainer import Trainer
 
-    trained: list[tuple[int, str, str, int, tuple]] = []  # (attempt, episode, turn, weight version, tokens)
+    trained: list[tuple[int, str, str, int, tuple]] = []
     attempt = {"n": 1}
     update, train_step = Trainer._update_groups, Trainer.train_step
 
@@ -88,6 +92,13 @@ def test_a_resume_trains_the_saved_pending_rollouts_and_loses_no_step(tmp_path, 
 
     monkeypatch.setattr(Trainer, "_update_groups", recording_update)
     monkeypatch.setattr(Trainer, "train_step", dying_step)
+    return trained, attempt
+
+
+def test_a_resume_trains_the_saved_pending_rollouts_and_loses_no_step(tmp_path, monkeypatch):
+    from unimas.training.pipeline import PENDING
+
+    trained, attempt = record_and_kill_at_step_3(monkeypatch)
     settings = ["trainer.steps=6", "trainer.save_every=2", "trainer.eval_every=0"]
     with pytest.raises(Killed):
         _staleness_run(tmp_path, settings)

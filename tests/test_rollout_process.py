@@ -174,28 +174,10 @@ PIPELINED = ["algorithm.max_staleness=1", "models.listener_model.options.rollout
 
 @pytest.mark.slow  # two runs of 4 steps, a replica each
 def test_a_pipelined_run_with_rollout_processes_keeps_its_bound_and_resumes_losslessly(tmp_path, monkeypatch):
+    from tests.test_async_pipeline import Killed, record_and_kill_at_step_3
     from unimas.training.pipeline import PENDING
-    from unimas.training.trainer import Trainer
 
-    class Killed(BaseException):
-        """Stands in for SIGKILL: nothing in the trainer catches it."""
-
-    trained: list[tuple[int, str, str, int, tuple]] = []  # (attempt, episode, turn, weight version, tokens)
-    attempt = {"n": 1}
-    update, train_step = Trainer._update_groups, Trainer.train_step
-
-    async def recording_update(self, credited):
-        trained.extend((attempt["n"], c.trajectory.episode_id, c.turn.id, c.turn.weight_version,
-                        tuple(c.turn.response_ids)) for c in credited)
-        return await update(self, credited)
-
-    async def dying_step(self, step):
-        if attempt["n"] == 1 and step == 3:
-            raise Killed()
-        return await train_step(self, step)
-
-    monkeypatch.setattr(Trainer, "_update_groups", recording_update)
-    monkeypatch.setattr(Trainer, "train_step", dying_step)
+    trained, attempt = record_and_kill_at_step_3(monkeypatch)
     settings = [*PIPELINED, "trainer.steps=4", "trainer.save_every=2", "trainer.eval_every=0"]
     with pytest.raises(Killed):
         run("quickstart_separate.yaml", tmp_path / "run", settings)

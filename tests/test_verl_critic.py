@@ -18,6 +18,7 @@ import torch
 import yaml
 
 from tests.conftest import EXAMPLES
+from tests.test_critic import fixed_reward_turns
 from tests.test_kill_resume import VOLATILE
 from unimas.cli import main
 from unimas.config.loading import config_from_dict
@@ -47,16 +48,6 @@ def config(seed: int = 0, critic: dict | None = None, **algorithm):
 
 def critic_group(seed: int = 0, **algorithm):
     return build_group(config(seed, **algorithm), build_registry(), "a")
-
-
-def fixed_reward_turns(group) -> list[TrainTurn]:
-    """Eight one-turn episodes: the reward is a fixed function of the prompt (the target letter)."""
-    turns = []
-    for i, letter in enumerate("abcdefgh"):
-        prompt = group.tokenizer(f"S:{letter}", add_special_tokens=False)["input_ids"]
-        response = group.tokenizer(letter, add_special_tokens=False)["input_ids"]
-        turns.append(TrainTurn(prompt, response, [0.0], 0.0, episode=f"e{i}", role="speaker", reward=i / 7))
-    return turns
 
 
 def parameters(module) -> dict[str, torch.Tensor]:
