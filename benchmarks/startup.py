@@ -7,6 +7,12 @@ user waits for, interpreter start included), best of ``--repeats``. A second
 subprocess per command runs the same entry point in-process and reports how
 many modules ended up in ``sys.modules`` and which heavy packages among them.
 
+Two ``validate`` rows: a tiny model (everything follows from the options) and
+a local model dir (``examples/quickstart_chat.yaml``: the chat template is read
+from the dir's tokenizer files). That dir, ``examples/models/tiny-chat``, is
+built first when missing (once, ~12 s on 2 cores; the example's own comment
+says how).
+
     python benchmarks/startup.py            # best of 3 (~30 s on a 2-core machine)
     python benchmarks/startup.py --smoke    # one repetition each
 """
@@ -32,7 +38,11 @@ COMMANDS: list[tuple[str, list[str] | None]] = [
     ("unimas plugins", ["plugins"]),
     ("unimas plugins --verbose", ["plugins", "--verbose"]),
     ("unimas validate examples/quickstart.yaml", ["validate", "examples/quickstart.yaml"]),
+    ("unimas validate examples/quickstart_chat.yaml", ["validate", "examples/quickstart_chat.yaml"]),
 ]
+
+CHAT_MODEL = REPO / "examples" / "models" / "tiny-chat"
+"""The model dir ``examples/quickstart_chat.yaml`` names."""
 
 # Runs one command in-process, then reports what it imported. `--help` exits through SystemExit.
 _COUNT_MODULES = """
@@ -76,6 +86,18 @@ def imported(argv: list[str] | None) -> dict:
     return json.loads(line[len(RESULT_PREFIX):])
 
 
+def ensure_chat_model() -> None:
+    """Build :data:`CHAT_MODEL` if it is not there (``chat_model_dir`` never leaves a half-written dir)."""
+    if (CHAT_MODEL / "model.safetensors").exists():
+        return
+    print(f"building {CHAT_MODEL.relative_to(REPO)} for the model-dir row (once, ~12 s on 2 cores)", file=sys.stderr)
+    build = "import sys; from unimas.testing.tiny_chat import chat_model_dir; chat_model_dir(sys.argv[1])"
+    proc = subprocess.run([sys.executable, "-c", build, str(CHAT_MODEL.parent)], cwd=REPO, capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"building {CHAT_MODEL} failed:\n{proc.stderr[-3000:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="runs per command; the table shows the best")
@@ -83,6 +105,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args()
     repeats = 1 if args.smoke else args.repeats
+    ensure_chat_model()
 
     results = []
     for label, argv in COMMANDS:

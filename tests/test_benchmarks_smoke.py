@@ -55,14 +55,15 @@ def test_vs_trl_smoke():
     pytest.importorskip("trl")
     out = run_benchmark("vs_trl.py")
     rows = table_rows(out, "KL")
-    assert {row[1] for row in rows} == {"unimas", "trl"}
+    assert {row[1] for row in rows} == {"unimas", "trl", "unimas-async"}  # the async pipeline beside the sync one
     for row in rows:
         assert number(row[2]) > 0 and number(row[3]) > 0  # step ms, tokens/s
         assert number(row[4]) > 0 and number(row[5]) > 0  # generation and reference passes were timed
     before = {row[9] for row in rows}  # expected reward at step 0
     assert len(before) == 1, "both frameworks must start from the same saved weights"
     ratios = table_rows(out.split("Ratios unimas / TRL")[1], "KL")
-    assert ratios and number(ratios[0][1]) > 0
+    assert [row[1] for row in ratios] == ["unimas", "unimas async (max_staleness 1)"]
+    assert all(number(row[2]) > 0 for row in ratios)  # step-time ratios
     assert "WARNING" not in out
 
 
@@ -134,7 +135,7 @@ def test_startup_smoke():
     rows = table_rows(out, "command")
     assert [row[0].strip("`") for row in rows] == [
         'python -c "import unimas"', "unimas --help", "unimas plugins", "unimas plugins --verbose",
-        "unimas validate examples/quickstart.yaml"]
+        "unimas validate examples/quickstart.yaml", "unimas validate examples/quickstart_chat.yaml"]
     assert all(number(row[1]) > 0 and number(row[2]) > 0 for row in rows)  # seconds, modules imported
     assert [row[3] for row in rows[:4]] == ["—"] * 4  # nothing heavy before a config needs a model
 

@@ -35,8 +35,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     experiment = _prepare(args)
     plan = _cluster_plan(experiment, args.cluster) if args.cluster is not None else None  # no "ok" if it fails
+    described = summary(experiment)  # before "ok": the summary reads the tokenizer files, which may be broken
     print(f"ok: {args.config}")
-    print(summary(experiment))
+    print(described)
     if args.episodes:
         from unimas.preflight.dry_run import describe_dry_run, dry_run
 

@@ -4,10 +4,12 @@
 has critics, its token strings (for the prompt check and the stand-in model of
 ``--episodes``) and whether it renders chat templates. For a tiny model all of
 that follows from the options alone: its char tokenizer's tokens are the
-alphabet (:mod:`unimas.groups.torch.chars`), and it has no chat template. So
-this class answers those without importing torch or transformers (whose
-tokenizer classes alone cost seconds: docs/performance.md, start-up); a model
-dir or a checkpoint still loads its tokenizer. :meth:`build` imports
+alphabet (:mod:`unimas.groups.torch.chars`), and it has no chat template. A
+model dir or a checkpoint answers from its tokenizer files
+(:mod:`unimas.groups.torch.tokenizer_files`). So this class answers without
+importing torch or transformers (whose tokenizer classes alone cost seconds:
+docs/performance.md, start-up), except for a dir without ``tokenizer.json``,
+whose tokenizer transformers loads. :meth:`build` imports
 :class:`~unimas.groups.torch.group.TorchModelGroup` and makes the group.
 """
 
@@ -49,6 +51,6 @@ class TorchBackend:
         options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
         if options.tiny is not None:
             return False
-        from unimas.groups.torch.group import TorchModelGroup
+        from unimas.groups.torch import source
 
-        return TorchModelGroup.has_chat_template(options)
+        return source.has_chat_template(options)

@@ -104,19 +104,6 @@ def group_dir(root: Path, name: str) -> tuple[Path, Path]:
     raise FileNotFoundError(f"init_from {root}: no '{MODEL_DIR}/config.json' (a unimas checkpoint) or config.json")
 
 
-def model_dir_without_name(root: Path) -> Optional[Path]:
-    """The HF model dir of ``init_from`` when the group name is unknown; None if ambiguous.
-
-    A run checkpoint with several groups names no single one, so it yields None.
-    """
-    if (root / MODEL_DIR / "config.json").exists():
-        return root / MODEL_DIR
-    if (root / "config.json").exists():
-        return root
-    groups = sorted(p for p in root.iterdir() if (p / MODEL_DIR / "config.json").exists()) if root.is_dir() else []
-    return groups[0] / MODEL_DIR if len(groups) == 1 else None
-
-
 def save_group(group: "TorchModelGroup", directory: Path) -> None:
     """Write everything :func:`load_group` needs to resume (see the module docstring)."""
     directory = Path(directory)

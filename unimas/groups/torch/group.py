@@ -138,8 +138,7 @@ class TorchModelGroup(ModelGroup):
     def has_chat_template(cls, options: Any) -> Optional[bool]:
         """Whether roles on this group render through a chat template (`unimas validate` says so)."""
         options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
-        tokenizer = source_of.tokenizer_only(options)
-        return None if tokenizer is None else chat.has_chat_template(tokenizer)
+        return source_of.has_chat_template(options)
 
     # ----------------------------------------------------------------- setup
 

@@ -1,29 +1,37 @@
 """Where a group's weights and tokenizer come from: a tiny spec, a local HF dir, or a checkpoint.
 
 Kept apart from the group so that the tokenizer can be read on its own
-(:func:`vocabulary`, for the stand-in model of ``unimas validate --episodes``)
-without loading any weights. Nothing is ever downloaded (``local_files_only``).
+(:func:`vocabulary` for the stand-in model of ``unimas validate --episodes``,
+:func:`has_chat_template` for ``unimas validate``) without loading any weights.
+Those two read a model dir's tokenizer files (:mod:`unimas.groups.torch.tokenizer_files`)
+and import transformers and torch only where a tokenizer must be loaded (a tiny
+spec's char tokenizer, a dir without ``tokenizer.json``), so this module imports
+them inside the functions that load. Nothing is ever
+downloaded (``local_files_only``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
-
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Optional
 
 from unimas.errors import UserError
-from unimas.groups.torch import checkpoint
-from unimas.groups.torch.chars import build_char_tokenizer
-from unimas.groups.torch.options import TorchOptions
-from unimas.groups.torch.tiny import build_tiny_model
+from unimas.groups.torch import tokenizer_files
+from unimas.groups.torch.options import MODEL_DIR, TorchOptions
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-def load_tokenizer(options: TorchOptions, model_dir: Optional[Path]) -> PreTrainedTokenizerBase:
+def load_tokenizer(options: TorchOptions, model_dir: Optional[Path]) -> "PreTrainedTokenizerBase":
     """The char tokenizer of a tiny spec, or the tokenizer saved in ``model_dir``; padding on the left."""
     if options.tiny is not None:
+        from unimas.groups.torch.chars import build_char_tokenizer
+
         tokenizer = build_char_tokenizer(options.tiny.alphabet)
     else:
+        from transformers import AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, padding_side="left")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -31,12 +39,17 @@ def load_tokenizer(options: TorchOptions, model_dir: Optional[Path]) -> PreTrain
 
 
 def load_model(options: TorchOptions, name: str,
-               seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, Optional[Path]]:
+               seed: int) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase", Optional[Path]]:
     """(model, tokenizer, checkpoint group dir or None) for group ``name``.
 
     ``seed`` only matters for a tiny spec (its random init). The returned
     dir is set for ``init_from``, whose LoRA adapters the group loads next.
     """
+    from transformers import AutoModelForCausalLM
+
+    from unimas.groups.torch import checkpoint
+    from unimas.groups.torch.tiny import build_tiny_model
+
     if options.tiny is not None:
         tokenizer = load_tokenizer(options, None)
         return build_tiny_model(options.tiny, tokenizer, seed).to(options.torch_dtype), tokenizer, None
@@ -54,24 +67,64 @@ def load_model(options: TorchOptions, name: str,
     return model, tokenizer, source[0] if source else None
 
 
-def tokenizer_only(options: TorchOptions) -> Optional[PreTrainedTokenizerBase]:
-    """The group's tokenizer without its weights; None when ``init_from`` is a run checkpoint with several
-    groups (which one is unknown here)."""
-    model_dir = None
+def model_dir_without_name(root: Path) -> Optional[Path]:
+    """The HF model dir of ``init_from`` when the group name is unknown; None if ambiguous.
+
+    A run checkpoint with several groups names no single one, so it yields None.
+    The layouts are :func:`unimas.groups.torch.checkpoint.group_dir`'s, read here
+    without that module's torch import.
+    """
+    if (root / MODEL_DIR / "config.json").exists():
+        return root / MODEL_DIR
+    if (root / "config.json").exists():
+        return root
+    groups = sorted(p for p in root.iterdir() if (p / MODEL_DIR / "config.json").exists()) if root.is_dir() else []
+    return groups[0] / MODEL_DIR if len(groups) == 1 else None
+
+
+def tokenizer_dir(options: TorchOptions) -> Optional[Path]:
+    """The model dir whose tokenizer the group uses; None for a tiny spec, or when ``init_from`` is a run
+    checkpoint with several groups (which one is unknown here)."""
     if options.init_from is not None:
-        model_dir = checkpoint.model_dir_without_name(Path(options.init_from))
-        if model_dir is None:
-            return None
-    elif options.path is not None:
-        model_dir = Path(options.path)
+        return model_dir_without_name(Path(options.init_from))
+    return Path(options.path) if options.path is not None else None
+
+
+def tokenizer_only(options: TorchOptions) -> Optional["PreTrainedTokenizerBase"]:
+    """The group's tokenizer without its weights; None when :func:`tokenizer_dir` cannot tell which."""
+    model_dir = tokenizer_dir(options)
+    if model_dir is None and options.tiny is None:
+        return None
     return load_tokenizer(options, model_dir)
+
+
+def _files(options: TorchOptions) -> Optional[tokenizer_files.TokenizerFiles]:
+    """The model dir's tokenizer files when they answer without transformers."""
+    model_dir = tokenizer_dir(options)
+    return tokenizer_files.read(model_dir) if model_dir is not None else None
 
 
 def vocabulary(options: TorchOptions) -> Optional[list[str]]:
     """The text of every non-special token, in id order without repeats; no weights are loaded."""
+    files = _files(options)
+    if files is not None:
+        return files.vocabulary()
     tokenizer = tokenizer_only(options)
     if tokenizer is None:
         return None
     special = set(tokenizer.all_special_ids)
     texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer)) if i not in special])
     return [text for text in dict.fromkeys(texts) if text]
+
+
+def has_chat_template(options: TorchOptions) -> Optional[bool]:
+    """Whether roles on this group render through a chat template; None when the tokenizer is unknown."""
+    files = _files(options)
+    if files is not None:
+        return files.chat_template
+    tokenizer = tokenizer_only(options)
+    if tokenizer is None:
+        return None
+    from unimas.groups.torch import chat
+
+    return chat.has_chat_template(tokenizer)

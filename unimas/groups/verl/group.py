@@ -52,7 +52,7 @@ import torch
 from unimas.config.schema import GenerationConfig
 from unimas.errors import UserError
 from unimas.groups.base import Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
-from unimas.groups.torch import chat, sampling
+from unimas.groups.torch import sampling
 from unimas.groups.torch import source as source_of
 from unimas.groups.torch.group import _check_target_modules as check_target_modules
 from unimas.groups.verl import batch as rows_of
@@ -175,7 +175,7 @@ class VerlModelGroup(ModelGroup):
     def has_chat_template(cls, options: Any) -> Optional[bool]:
         options = options if isinstance(options, VerlOptions) else VerlOptions.model_validate(options)
         source = options.source()
-        return None if source is None else chat.has_chat_template(source_of.tokenizer_only(source))
+        return None if source is None else source_of.has_chat_template(source)
 
     # ------------------------------------------------------------- weights
 
