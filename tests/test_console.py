@@ -58,6 +58,19 @@ def test_numbers_are_labelled_by_what_they_are_not_by_metric_keys():
     assert text.splitlines()[-1].startswith("done: 2/2 steps")
 
 
+def test_unimas_eval_says_which_reward_entry_an_internal_key_is():
+    from unimas.output.console import eval_metric_note
+
+    twice = [{"name": "exact_match", "level": "trajectory"}, {"name": "exact_match", "level": "trajectory"}]
+    config = _config(rewards=twice)
+    assert eval_metric_note(config, "eval/reward/exact_match#1") == "reward 'exact_match', rewards[1]"
+    assert eval_metric_note(config, "eval/accuracy") == "mean of the primary reward (exact_match, rewards[0])"
+    assert "sum of the rewards" in eval_metric_note(config, "eval/role/speaker/reward_mean")
+    once = _config()
+    assert eval_metric_note(once, "eval/reward/exact_match") == ""  # the key is the reward's own name
+    assert eval_metric_note(once, "eval/failures") == ""
+
+
 def test_the_terminal_shows_steps_per_second_and_what_credit_is():
     text = _show(_config(trainer={"steps": 4}), _Terminal())
     assert "steps/s" in text and "ETA" in text and "step" in text

@@ -136,7 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from unimas.output.console import quiet_libraries
+    from unimas.output.console import eval_metric_note, quiet_libraries
     from unimas.output.loggers import build_loggers
     from unimas.output.metrics import MetricsWriter
     from unimas.output.rundir import RunDir
@@ -163,7 +163,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     writer.write(metrics)
     writer.close()
     for key, value in metrics.items():
-        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+        note = eval_metric_note(config, key)
+        shown = f"{value:.4f}" if isinstance(value, float) else f"{value}"
+        print(f"{key}: {shown}" + (f"  ({note})" if note else ""))
     print(f"run directory: {run_dir.root}")
     return 0
 

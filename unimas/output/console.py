@@ -90,6 +90,24 @@ def train_reward_label(config: ExperimentConfig) -> str:
     return f"train reward ({name})" if name else "train reward"
 
 
+def eval_metric_note(config: ExperimentConfig, key: str) -> str:
+    """What an ``eval/*`` metric key means, for ``unimas eval``'s listing: the reward entry behind an internal
+    ``name#index`` key, and that a role's number is the sum of the rewards its turns got ("" when the key says it)."""
+    from unimas.algorithms.credit import reward_keys
+
+    if key.startswith("eval/reward/"):
+        stored = key.removeprefix("eval/reward/")
+        for index, (name, spec) in enumerate(zip(reward_keys(config.rewards), config.rewards)):
+            if name == stored and name != spec.name:
+                return f"reward '{spec.name}', rewards[{index}]"
+    if key == "eval/accuracy":
+        name = primary_reward_name(config)
+        return f"mean of the primary reward ({name})" if name else ""
+    if key.startswith("eval/role/") and key.endswith("/reward_mean"):
+        return "mean over the role's turns of the sum of the rewards each turn got"
+    return ""
+
+
 class StepRateColumn(ProgressColumn):
     """Steps per second since the bar started (rich's own speed estimate, over its recent samples)."""
 
