@@ -363,10 +363,13 @@ def test_ctrl_c_stops_the_actors_and_leaves_a_joined_cluster_running(ray_transpo
 @pytest.mark.slow
 def test_async_pipeline_on_ray_trains_turns_one_version_old(ray_cluster, tmp_path):
     """``max_staleness: 1`` with actors: the next step's episodes are sampled while the groups update, so some
-    turns arrive one weight version old, none older; checkpoints carry the rollouts generated ahead."""
+    turns arrive one weight version old, none older; checkpoints carry the rollouts generated ahead. The
+    listener samples in a rollout process of its actor (``options.rollout_process``), the speaker in its actor."""
+    from unimas.groups.torch.rollout_replica import RNG_FILE
     from unimas.training.pipeline import PENDING
 
-    config = small_config("algorithm.max_staleness=1", "trainer.steps=4", "trainer.save_every=2")
+    config = small_config("algorithm.max_staleness=1", "trainer.steps=4", "trainer.save_every=2",
+                          "models.listener_model.options.rollout_process=true")
     transport = RayTransport.start(config)
     try:
         history = run_trainer(config, transport, tmp_path)
@@ -379,7 +382,11 @@ def test_async_pipeline_on_ray_trains_turns_one_version_old(ray_cluster, tmp_pat
         assert max(worst) == 1.0, worst  # generated ahead, and within the bound
         assert all(r[f"group/{group}/stale_dropped"] == 0 for r in steps)
         assert steps[-1][f"group/{group}/weight_version"] == 4
+    # the replica took each update's weights (only the listener has one) and sampled the stale turns above
+    assert all(0 <= r["group/listener_model/weight_sync_s"] < 5 for r in steps)
+    assert not any("speaker_model/weight_sync_s" in key for r in steps for key in r)
     assert (tmp_path / "checkpoints" / "step_000002" / PENDING).exists()
+    assert (tmp_path / "checkpoints" / "step_000002" / "listener_model" / RNG_FILE).is_file()
 
 
 @pytest.mark.slow
