@@ -24,6 +24,8 @@ if [ -n "$missing" ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing ${missing}with apt-get"
     # shellcheck disable=SC2086  # one word per package
     { "${apt_get[@]}" update -qq && "${apt_get[@]}" install -y -qq $missing >/dev/null; } || echo "apt-get install ${missing}failed"
+    # the linker cache that `ldconfig -p` reads may lag behind a fresh install (dpkg can defer its trigger)
+    if [ "$(id -u)" = 0 ]; then ldconfig 2>/dev/null; else sudo -n ldconfig 2>/dev/null; fi
   fi
 fi
 for package in $(missing_packages); do
