@@ -35,6 +35,20 @@ def test_override_sets_nested_values_with_yaml_types():
     assert config.roles["r"].generation.temperature == 0.5
 
 
+def test_an_override_ending_in_a_colon_is_text_and_only_flow_collections_are_collections():
+    tree = minimal()
+    apply_override(tree, "roles.r.template=Answer:")  # YAML alone reads this as the mapping {Answer: None}
+    apply_override(tree, "roles.r.system=Role: judge")
+    apply_override(tree, "trainer.steps=3")
+    config = config_from_dict(tree)
+    assert config.roles["r"].template == "Answer:" and config.roles["r"].system == "Role: judge"
+    flows = {}
+    apply_override(flows, "a=[1, 2]")
+    apply_override(flows, "b={x: 1}")
+    apply_override(flows, "c=- item")
+    assert flows == {"a": [1, 2], "b": {"x": 1}, "c": "- item"}
+
+
 def test_override_without_equals_is_a_user_error():
     with pytest.raises(UserError, match="--set"):
         apply_override({}, "trainer.steps")

@@ -128,11 +128,19 @@ def read_config_text(path: Path) -> str:
 
 
 def _parse_scalar(text: str) -> Any:
-    """Interpret a ``--set`` value the way YAML would (numbers, bools, null, lists)."""
+    """Interpret a ``--set`` value the way YAML would (numbers, bools, null, ``[lists]``, ``{mappings}``).
+
+    Only flow collections (``[...]``, ``{...}``) become collections: YAML reads ``Answer:`` or ``a: b`` as a
+    block mapping, but on a command line such a value is text (a template ending in a colon), so it stays one.
+    """
     try:
-        return parse_yaml(text, "--set")
+        value = parse_yaml(text, "--set")
     except (yaml.YAMLError, RecursionError):
         return text
+    flow = text.lstrip()[:1]
+    if (isinstance(value, dict) and flow != "{") or (isinstance(value, list) and flow != "["):
+        return text
+    return value
 
 
 def apply_override(tree: dict, assignment: str) -> None:
