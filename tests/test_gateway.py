@@ -80,6 +80,8 @@ async def marked_agent(task: dict, base_url: str) -> dict:
         for i, role in enumerate(["speaker", "listener", "speaker"])))
     async with httpx.AsyncClient() as http:
         posted = await http.post(f"{base_url}/rewards", json={"turn": replies[-1].id, "reward": 0.5})
+        for value in (1, int(task["marker"][1:-1])):  # the agent's own numbers, as a workflow's ctx.metric
+            await http.post(f"{base_url}/metrics", json={"name": "calls", "value": value})
     return {"answer": task["marker"], "posted": posted.json()}
 
 
@@ -97,6 +99,8 @@ async def probing_agent(task: dict, base_url: str) -> dict:
             "tools": await http.post(url, json={**good, "tools": [{"type": "function"}]}),  # no function: malformed
             "oversized": await http.post(url, content=b" " * (5 * 1024 * 1024)),
             "bad_reward": await http.post(f"{base_url}/rewards", json={"turn": "speaker#9", "reward": 1}),
+            "bad_metric_name": await http.post(f"{base_url}/metrics", json={"name": "a/b", "value": 1}),
+            "bad_metric_value": await http.post(f"{base_url}/metrics", json={"name": "x", "value": "NaN"}),
             "other_episode": await http.post(url.replace("/e/", "/e/x"), json=good),
             "models": await http.get(f"{base_url}/models"),
         }
@@ -149,6 +153,7 @@ def test_concurrent_episodes_never_mix(chat_model):
         assert trajectory.outcome["agent_rewards"] == {last: 0.5}
         assert agent_reward(trajectory, {}) == {last: 0.5}
         assert {t.id: t.reward for t in turns} == {**{t.id: 1.0 for t in turns}, last: 1.0 + 2.0 * 0.5}
+        assert trajectory.metrics == {"calls": [1.0, float(marker[1:-1])]}  # its own episode's, in order
 
 
 def test_bad_requests_get_openai_errors_and_the_episode_continues(chat_model):
@@ -159,7 +164,8 @@ def test_bad_requests_get_openai_errors_and_the_episode_continues(chat_model):
     expected = {"unknown_role": (404, "model_not_found"), "malformed": (400, "invalid_json"),
                 "no_messages": (400, "invalid_request"), "two_choices": (400, "invalid_request"),
                 "tools": (400, "invalid_request"), "oversized": (413, "request_too_large"),
-                "bad_reward": (400, "invalid_request"), "other_episode": (404, "episode_not_found")}
+                "bad_reward": (400, "invalid_request"), "other_episode": (404, "episode_not_found"),
+                "bad_metric_name": (400, "invalid_request"), "bad_metric_value": (400, "invalid_request")}
     for name, (status, code) in expected.items():
         got_status, body = probes[name]
         assert (got_status, body["error"]["code"]) == (status, code), (name, body)
@@ -167,6 +173,7 @@ def test_bad_requests_get_openai_errors_and_the_episode_continues(chat_model):
     assert "critic" in probes["unknown_role"][1]["error"]["message"]
     assert probes["models"][0] == 200
     assert [m["id"] for m in probes["models"][1]["data"]] == ["listener", "speaker"]
+    assert trajectory.metrics == {}  # refused metrics recorded nothing
     speaker, streamed = trajectory.turns()  # refused requests recorded nothing
     assert (speaker.id, streamed.id) == ("speaker#0", "speaker#1")
     assert trajectory.outcome["streamed"] == streamed.text

@@ -3,7 +3,9 @@
 Per episode the agent gets the task and its own base URL; each request it
 sends becomes a turn (see :mod:`unimas.gateway.sessions`). What it returns
 is the episode's outcome, for the reward plugins, with the rewards it posted
-for its turns under ``agent_rewards`` (read by the ``agent_reward`` reward).
+for its turns under ``agent_rewards`` (read by the ``agent_reward`` reward);
+the metrics it posted (``POST .../v1/metrics``) are logged as its workflow's
+own (``workflow/<name>``, as ``ctx.metric``).
 A program that hangs, crashes or prints no JSON object fails its episode
 with the reason and the end of its stderr; the run goes on per
 ``trainer.failure_budget``.
@@ -151,6 +153,8 @@ class AgentWorkflow:
                 outcome = {}  # the agent gave up on a failed turn: that failure is the episode's error
         if episode.fatal is not None:
             raise episode.fatal
+        for name, value in episode.metrics:  # checked when posted; recorded here, on the controller's loop
+            ctx.metric(name, value)
         return {**outcome, "agent_rewards": episode.rewards}
 
     async def _run_agent(self, task: dict, episode: Episode) -> Mapping[str, Any]:

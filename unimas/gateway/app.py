@@ -105,9 +105,14 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None, hosts: frozen
         session = checked(request, key)
         return session.post_reward(parse_json(await request.body()))
 
+    async def metric(request: Request, key: str) -> dict:
+        session = checked(request, key)
+        return session.post_metric(parse_json(await request.body()))
+
     for prefix in ("/e/{key}/v1", "/v1"):
         app.add_api_route(f"{prefix}/models", models, methods=["GET"])
         app.add_api_route(f"{prefix}/chat/completions", chat, methods=["POST"], response_model=None)
         app.add_api_route(f"{prefix}/responses", responses, methods=["POST"], response_model=None)
     app.add_api_route("/e/{key}/v1/rewards", reward, methods=["POST"])
+    app.add_api_route("/e/{key}/v1/metrics", metric, methods=["POST"])
     return app

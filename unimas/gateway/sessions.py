@@ -16,7 +16,7 @@ from typing import Any, Callable, Coroutine, Mapping
 
 from unimas.algorithms.credit import clip_reward, is_finite_number
 from unimas.config.schema import RoleConfig
-from unimas.controller.context import EpisodeContext, PromptTooLong, RequestRefused, UnsupportedControl
+from unimas.controller.context import METRIC_NAME, EpisodeContext, PromptTooLong, RequestRefused, UnsupportedControl
 from unimas.controller.router import Router
 from unimas.gateway.protocol import ChatCall, GatewayError, answer_parts, format_error
 from unimas.gateway.responses import ResponseHistory
@@ -94,6 +94,8 @@ class Episode:
         self.open = True
         self.rewards: dict[str, int | float] = {}
         """Turn id -> reward the agent posted for it (a finite number, not yet clipped)."""
+        self.metrics: list[tuple[str, float]] = []
+        """(name, value) of each metric the agent posted, in order (``POST .../v1/metrics``)."""
         self.responses = ResponseHistory()
         """The conversations of this episode's Responses API answers, for ``previous_response_id``."""
         self.fatal: BaseException | None = None
@@ -159,6 +161,25 @@ class Episode:
         self.rewards[turn] = reward  # as posted: credit clips it, counts it and records the original
         counted, clipped = clip_reward(reward)
         return {"turn": turn, "reward": counted, "clipped": clipped}
+
+    def post_metric(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Record ``{"name": <metric name>, "value": <number>}``: the agent's ``ctx.metric`` (``workflow/<name>``).
+
+        Checked here, by the rules of :meth:`EpisodeContext.metric`, so that a bad name or value is a 400 for
+        this request rather than a failed episode; kept on the episode and handed to its context when the agent
+        is done (this runs on the web server's thread, not the controller's).
+        """
+        if not self.open:
+            raise GatewayError(404, "this episode has finished; metrics must be posted while it runs",
+                               code="episode_finished")
+        name, value = body.get("name"), body.get("value")
+        if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
+            raise GatewayError(400, "'name' must be 1 to 64 letters, digits, '_', '.' or '-' (it is logged as "
+                                    "workflow/<name>)", param="name")
+        if not is_finite_number(value):
+            raise GatewayError(400, "'value' must be a finite number", param="value")
+        self.metrics.append((name, float(value)))
+        return {"name": name, "value": float(value)}
 
 
 class Serving:
