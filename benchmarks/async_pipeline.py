@@ -8,7 +8,12 @@ synchronous loop), 1 and 2, and ``--process-staleness`` (default 1) with
 ``models.<g>.options.rollout_process: true`` on every group (sampling in a
 child process per group, ``unimas/groups/torch/rollout_replica.py``), from
 the same seed, so every variant samples the same number of episodes (equal
-sampled tokens up to response lengths).
+sampled tokens up to response lengths). ``--ray-staleness`` (off unless
+given) adds runs under ``runtime: ray`` with a rollout process per group:
+each group's update then runs in its own actor process, the rollout
+processes are the actors' children, and this process keeps only the
+controller; their ratio is against the same synchronous in-process loop
+(CPU is not counted for them: it is spent in the actors).
 
 Throughput is trained tokens per second of wall time over the steps (sum of
 ``group/<g>/tokens`` / elapsed, the pipeline's warm-up included). Final
@@ -65,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--process-staleness", type=int, nargs="*", default=[1],
                    help="max_staleness values also run with a rollout process per group (none: leave out)")
+    p.add_argument("--ray-staleness", type=int, nargs="*", default=[],
+                   help="max_staleness values also run under runtime: ray, a rollout process per group")
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     p.add_argument("--tasks-per-step", type=int, default=8)
     p.add_argument("--group", type=int, default=8)
@@ -79,16 +86,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def variants(args: argparse.Namespace) -> list[tuple[int, bool]]:
-    """(max_staleness, rollout process) pairs, in run order."""
-    return [(s, False) for s in args.staleness] + [(s, True) for s in args.process_staleness]
+def variants(args: argparse.Namespace) -> list[tuple[int, bool, bool]]:
+    """(max_staleness, rollout process, on Ray) triples, in run order."""
+    return ([(s, False, False) for s in args.staleness] + [(s, True, False) for s in args.process_staleness]
+            + [(s, True, True) for s in args.ray_staleness])
 
 
-def variant_name(staleness: int, process: bool) -> str:
-    return f"{staleness} + process" if process else str(staleness)
+def variant_of(result: dict) -> tuple[int, bool, bool]:
+    return result["staleness"], result["process"], result.get("ray", False)
 
 
-def task_config(task: str, staleness: int, seed: int, args: argparse.Namespace, process: bool = False) -> dict:
+def variant_name(staleness: int, process: bool, on_ray: bool = False) -> str:
+    return f"{staleness} + process" + (", ray" if on_ray else "") if process else str(staleness)
+
+
+def task_config(task: str, staleness: int, seed: int, args: argparse.Namespace, process: bool = False,
+                on_ray: bool = False) -> dict:
     if task == "3-role":
         tree = relay_config("separate", argparse.Namespace(**{**vars(args), "tasks": args.tasks_per_step,
                                                              "kl": 0.0, "heads": 4}), seed)
@@ -113,13 +126,16 @@ def task_config(task: str, staleness: int, seed: int, args: argparse.Namespace, 
     if process:
         for model in tree["models"].values():
             model["options"] = {**model["options"], "rollout_process": True}
+    if on_ray:
+        tree["runtime"] = {**tree.get("runtime", {}), "kind": "ray"}
     return tree
 
 
-def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root: Path, process: bool = False) -> dict:
-    name = variant_name(staleness, process).replace(" + ", "p")
-    trainer, transport = build_unimas(task_config(task, staleness, seed, args, process), root / f"{task}-{name}-{seed}",
-                                      Phases())
+def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root: Path, process: bool = False,
+            on_ray: bool = False) -> dict:
+    name = variant_name(staleness, process, on_ray).replace(" + ", "p").replace(", ", "-")
+    trainer, transport = build_unimas(task_config(task, staleness, seed, args, process, on_ray),
+                                      root / f"{task}-{name}-{seed}", Phases())
 
     async def steps() -> list[dict]:
         records = []
@@ -130,9 +146,14 @@ def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root
             await trainer.pipeline.close()
         return records
 
-    replicas = replicas_of(transport)
+    replicas = [] if on_ray else replicas_of(transport)
     for replica in replicas:  # their start-up (imports, model build) is not part of the timed steps
         replica.generator_state()
+    if on_ray:  # the same for the actors' replicas: saving a group waits for its replica's generator state
+        async def warm() -> None:
+            for group in sorted(transport.inner.actors):
+                await transport.inner.save(group, root / f"warm-{name}-{seed}" / group)
+        asyncio.run(warm())
     started, cpu, child_cpu = time.perf_counter(), time.process_time(), sum(map(cpu_seconds, replicas))
     records = asyncio.run(steps())
     elapsed = time.perf_counter() - started
@@ -143,11 +164,13 @@ def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root
     rollout, update = (sum(r[f"time/{phase}_s"] for r in records) for phase in ("rollout", "update"))
     syncs = [v for r in records for k, v in r.items() if k.endswith("/weight_sync_s")]
     waits = [v for r in records for k, v in r.items() if k.endswith("/weight_sync_wait_s")]
-    return {"task": task, "staleness": staleness, "process": process, "seed": seed, "elapsed_s": elapsed,
+    return {"task": task, "staleness": staleness, "process": process, "ray": on_ray, "seed": seed,
+            "elapsed_s": elapsed,
             "tokens": tokens, "rollout_s": rollout, "update_s": update,
             "weight_sync_ms": 1000 * statistics.fmean(syncs) if syncs else None,
             "weight_sync_wait_ms": 1000 * statistics.fmean(waits) if waits else None,
-            "cpu_s_per_ktoken": 1000 * (cpu + child_cpu) / tokens, "replica_cpu_s_per_ktoken": 1000 * child_cpu / tokens,
+            "cpu_s_per_ktoken": None if on_ray else 1000 * (cpu + child_cpu) / tokens,
+            "replica_cpu_s_per_ktoken": None if on_ray else 1000 * child_cpu / tokens,
             "overlap_bound": (rollout + update) / max(rollout, update),
             "tokens_per_s": tokens / elapsed, "final_reward": statistics.fmean(r["reward/mean"] for r in tail),
             "staleness_mean": statistics.fmean(v for r in records for k, v in r.items()
@@ -174,8 +197,8 @@ def run(args: argparse.Namespace) -> list[dict]:
         for seed in range(args.repeats):
             order = variants(args) if seed % 2 == 0 else variants(args)[::-1]
             for task in args.tasks:
-                for staleness, process in order:
-                    results.append(one_run(task, staleness, seed, args, Path(tmp), process))
+                for staleness, process, on_ray in order:
+                    results.append(one_run(task, staleness, seed, args, Path(tmp), process, on_ray))
                     print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     return results
 
@@ -197,23 +220,23 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
              ""]
     rows = []
     for task in args.tasks:
-        runs = {v: [r for r in results if r["task"] == task and (r["staleness"], r["process"]) == v]
-                for v in variants(args)}
-        sync = {r["seed"]: r for r in runs.get((0, False), [])}
-        for (staleness, process), mine in runs.items():
+        runs = {v: [r for r in results if r["task"] == task and variant_of(r) == v] for v in variants(args)}
+        sync = {r["seed"]: r for r in runs.get((0, False, False), [])}
+        for (staleness, process, on_ray), mine in runs.items():
             ratios = [r["tokens_per_s"] / sync[r["seed"]]["tokens_per_s"] for r in mine if r["seed"] in sync]
             rewards = [r["final_reward"] for r in mine]
             spread = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
             syncs = [(r["weight_sync_ms"], r["weight_sync_wait_ms"]) for r in mine if r["weight_sync_ms"] is not None]
-            rows.append([task, variant_name(staleness, process), median(r["elapsed_s"] for r in mine),
+            cpu = [r["cpu_s_per_ktoken"] for r in mine if r["cpu_s_per_ktoken"] is not None]
+            replica_cpu = [r["replica_cpu_s_per_ktoken"] for r in mine if r["replica_cpu_s_per_ktoken"] is not None]
+            rows.append([task, variant_name(staleness, process, on_ray), median(r["elapsed_s"] for r in mine),
                          median(r["tokens_per_s"] for r in mine),
                          f"{median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-",
                          f"{statistics.fmean(rewards):.3f} ± {spread:.3f}",
-                         median(r["staleness_mean"] for r in mine), median(r["cpu_s_per_ktoken"] for r in mine),
-                         median(r["replica_cpu_s_per_ktoken"] for r in mine) if process else "-",
+                         median(r["staleness_mean"] for r in mine), median(cpu) if cpu else "-",
+                         median(replica_cpu) if process and replica_cpu else "-",
                          f"{median(c for c, _ in syncs):.2f} ({median(w for _, w in syncs):.2f})" if syncs else "-",
-                         f"{median(r['overlap_bound'] for r in mine):.2f}×" if (staleness, process) == (0, False)
-                         else "-"])
+                         f"{median(r['overlap_bound'] for r in mine):.2f}×" if not (staleness or process) else "-"])
     lines.append(markdown_table(["task", "max_staleness", "run s", "trained tokens/s", "ratio vs sync",
                                  "final reward", "mean staleness", "CPU s / 1k tokens", "of which replicas",
                                  "weight sync ms (wait)",
