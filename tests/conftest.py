@@ -57,12 +57,31 @@ def real_run(tmp_path_factory) -> Path:
     return run
 
 
-@pytest.fixture(scope="session")
-def chat_model(tmp_path_factory) -> Path:
-    """A tiny Qwen2-style chat model dir (byte-level BPE, ChatML template), built once per session."""
+def shared_chat_model(config: pytest.Config, tmp_path_factory: pytest.TempPathFactory, name: str = "tiny-chat",
+                      **options) -> Path:
+    """A tiny chat model dir built once per test run, whatever the number of pytest-xdist workers.
+
+    Every xdist worker's temp dir is a child of the run's: the first worker that asks builds the model there
+    (seconds of one core), the others wait on a lock and read the same files rather than each building its own
+    copy of the same bytes (the build is seeded: tests/test_tiny_chat.py).
+    """
+    import fcntl
+
     from unimas.testing.tiny_chat import chat_model_dir
 
-    return chat_model_dir(tmp_path_factory.getbasetemp() / "models")
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(config, "workerinput"):
+        root = root.parent  # the run's dir, shared by its workers only (a fresh one each run)
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return chat_model_dir(root / "models", name=name, **options)
+
+
+@pytest.fixture(scope="session")
+def chat_model(request, tmp_path_factory) -> Path:
+    """A tiny Qwen2-style chat model dir (byte-level BPE, ChatML template), built once per test run."""
+    return shared_chat_model(request.config, tmp_path_factory)
 
 
 def save_tiny_model(path: Path, spec: dict) -> str:

@@ -109,12 +109,26 @@ def test_controller_scale_smoke():
     assert memory[0][:2] == ["local", "256"] and number(memory[0][2]) > 0
 
 
+CREDIT_METHODS = ("grpo", "branch+counterfactual", "replay", "seeupo")
+CRITIC_METHODS = ("grpo", "ppo_gae", "centralized_critic")
+
+
+@pytest.fixture(scope="module")
+def credit_out() -> str:
+    """One credit.py smoke run of both tests' methods: one interpreter start, grpo's rows run once."""
+    methods = dict.fromkeys(CREDIT_METHODS + CRITIC_METHODS)
+    return run_benchmark("credit.py", "--methods", *methods)
+
+
+def credit_rows(out: str, methods: tuple[str, ...]) -> list[list[str]]:
+    return [row for row in table_rows(out.split("s in all.")[1], "task") if row[1] in methods]
+
+
 @pytest.mark.slow
-def test_credit_smoke():
-    out = run_benchmark("credit.py", "--methods", "grpo", "branch+counterfactual", "replay", "seeupo")
-    rows = table_rows(out.split("s in all.")[1], "task")
+def test_credit_smoke(credit_out):
+    rows = credit_rows(credit_out, CREDIT_METHODS)
     assert {(row[0], row[1]) for row in rows} == {(task, method) for task in ("signalling", "arith", "math_team")
-                                                  for method in ("grpo", "branch+counterfactual", "replay", "seeupo")}
+                                                  for method in CREDIT_METHODS}
     for row in rows:
         assert number(row[7]) >= 64  # each run sampled at least its token budget
         assert 0 <= number(row[2].split("±")[0]) <= 1
@@ -141,13 +155,12 @@ def test_startup_smoke():
 
 
 @pytest.mark.slow
-def test_credit_smoke_critic_rows():
-    out = run_benchmark("credit.py", "--methods", "grpo", "ppo_gae", "centralized_critic")
-    rows = {(row[0], row[1]): row for row in table_rows(out.split("s in all.")[1], "task")}
+def test_credit_smoke_critic_rows(credit_out):
+    rows = {(row[0], row[1]): row for row in credit_rows(credit_out, CRITIC_METHODS)}
     # arith's warm-start vocabulary (digits, "+", "=", ">") cannot spell "solver: ": that row is skipped, said so
     assert set(rows) == {(task, method) for task in ("signalling", "arith", "math_team")
-                         for method in ("grpo", "ppo_gae", "centralized_critic")} - {("arith", "centralized_critic")}
-    assert "# arith centralized_critic: skipped" in out
+                         for method in CRITIC_METHODS} - {("arith", "centralized_critic")}
+    assert "# arith centralized_critic: skipped" in credit_out
     for (task, method), row in rows.items():
         assert number(row[7]) >= 64  # the same sampled-token budget as every other row
         assert (row[11] == "—") == (method == "grpo")  # a critic trained (and logged its fit) in every critic row

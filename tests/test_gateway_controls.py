@@ -13,10 +13,10 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, BadRequestError
 
+from tests.conftest import shared_chat_model
 from tests.test_gateway import run_episodes
 from unimas.gateway.protocol import GatewayError, format_error, parse_chat
 from unimas.output.metrics import rollout_metrics
-from unimas.testing.tiny_chat import chat_model_dir
 from unimas.trajectory import TurnNode
 
 ROLES = {"agent"}
@@ -28,10 +28,10 @@ def tool(name: str) -> dict:
 
 
 @pytest.fixture(scope="session")
-def tool_model(tmp_path_factory):
-    """The --tool-calls test model (about 10 s to fit on 2 cores), built once per session."""
-    return chat_model_dir(tmp_path_factory.getbasetemp() / "models", name="tiny-chat-tools", tool_calls=True,
-                          max_positions=4096)
+def tool_model(request, tmp_path_factory):
+    """The --tool-calls test model (about 10 s to fit on 2 cores), built once per test run."""
+    return shared_chat_model(request.config, tmp_path_factory, name="tiny-chat-tools", tool_calls=True,
+                             max_positions=4096)
 
 
 def agent_team(model_dir, function: str, max_new_tokens: int = 24, rewards: list | None = None) -> dict:

@@ -12,6 +12,7 @@ unimas itself never executes model output.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import subprocess
 import sys
@@ -92,9 +93,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def python_with(module: str, override: str) -> str:
-    """An interpreter that imports ``module``: ``$override`` (a separate environment) or this one; else skip."""
-    python = os.environ.get(override) or sys.executable
-    found = subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+    """An interpreter that imports ``module``: ``$override`` (a separate environment) or this one; else skip.
+
+    This interpreter is asked with ``find_spec`` (litellm's import alone costs seconds of CPU, and the example
+    program imports it again for every episode); another one only answers by importing it."""
+    python = os.environ.get(override)
+    if python:
+        found = subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+    else:
+        python = sys.executable
+        parent = module.partition(".")[0]  # find_spec of a submodule imports its (light) parent package
+        found = importlib.util.find_spec(parent) is not None and importlib.util.find_spec(module) is not None
     if not found:
         pytest.skip(f"{module} is not installed here (LangGraph and litellm: pip install 'unimas[frameworks]'; "
                     f"AutoGen needs its own environment, see docs/gateway.md) and ${override} names no Python "

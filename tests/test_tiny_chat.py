@@ -25,9 +25,14 @@ CONVERSATION = [
 ]
 
 
+SMALL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "instruct_steps": 20}
+"""A build of well under a second, for the tests whose point does not need the default model's size."""
+
+
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return chat_model_dir(tmp_path_factory.mktemp("chat"))
+def model_dir(chat_model) -> Path:
+    """The session's default build (tests/conftest.py): the one every other test file uses."""
+    return chat_model
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +128,9 @@ def test_same_seed_same_files_other_seed_other_weights(tmp_path, model_dir):
     for name in ("tokenizer.json", "model.safetensors", "config.json", "chat_template.jinja"):
         if (model_dir / name).exists():
             assert (again / name).read_bytes() == (model_dir / name).read_bytes(), name
-    other = build_chat_model(tmp_path / "other", seed=1)
-    assert (other / "model.safetensors").read_bytes() != (model_dir / "model.safetensors").read_bytes()
+    small = build_chat_model(tmp_path / "small", **SMALL)  # the seed's effect shows at any size
+    other = build_chat_model(tmp_path / "other", seed=1, **SMALL)
+    assert (other / "model.safetensors").read_bytes() != (small / "model.safetensors").read_bytes()
 
 
 def test_generate_stops_at_im_end(model_dir, tokenizer):
@@ -137,11 +143,10 @@ def test_generate_stops_at_im_end(model_dir, tokenizer):
     assert batch["input_ids"][1, 0].item() == tokenizer.pad_token_id  # left padding
 
 
-@pytest.mark.slow
 def test_chat_model_dir_reuses_a_finished_build(tmp_path):
-    first = chat_model_dir(tmp_path)
+    first = chat_model_dir(tmp_path, **SMALL)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert chat_model_dir(tmp_path) == first
+    assert chat_model_dir(tmp_path, **SMALL) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == ["tiny-chat"]
 
@@ -157,14 +162,13 @@ def test_cli_prints_directory_and_parameter_count(tmp_path, capsys):
 
 def test_the_same_bytes_whatever_threads_the_caller_has(tmp_path):
     """The build runs on one thread and gives the caller's thread count back."""
-    small = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "instruct_steps": 20}
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        two = build_chat_model(tmp_path / "two", **small)
+        two = build_chat_model(tmp_path / "two", **SMALL)
         assert torch.get_num_threads() == 2
         torch.set_num_threads(1)
-        one = build_chat_model(tmp_path / "one", **small)
+        one = build_chat_model(tmp_path / "one", **SMALL)
     finally:
         torch.set_num_threads(before)
     assert (two / "model.safetensors").read_bytes() == (one / "model.safetensors").read_bytes()
