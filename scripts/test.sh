@@ -12,7 +12,6 @@ pip install -q torch==2.13.0            # CPU build; a bare `torch` requirement 
 pip install -q -e ".[test,bench]"
 # Three workers on the 2-core CI machine (many tests wait on child processes: Ray actors, verl ranks, agent
 # programs; measured in docs/testing.md), UNIMAS_TEST_WORKERS=N for another size; each test file on one worker
-# so that a module's shared fixtures (a Ray instance, a trained run) are built once, and the files that start
-# Ray or verl ranks in two chains, so that at most two of them run at once (tests/conftest.py). The inner loop while
+# so that a module's shared fixtures (a Ray instance, a trained run) are built once. The inner loop while
 # developing skips the slow tests: python -m pytest -q -n 3 -m "not slow" (docs/testing.md).
-python -m pytest -q -n "${UNIMAS_TEST_WORKERS:-3}" --dist loadgroup "$@"
+python -m pytest -q -n "${UNIMAS_TEST_WORKERS:-3}" --dist loadfile "$@"

@@ -1,4 +1,3 @@
-import json
 import os
 import signal
 from collections import Counter
@@ -24,78 +23,14 @@ def pytest_configure(config):
         signal.signal(signal.SIGTERM, _interrupt)
 
 
-FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
-"""Measured seconds per test file (setup, call and teardown of its tests; ``UNIMAS_RECORD_FILE_SECONDS=1``)."""
-SECONDS_PER_SLOW_TEST = 5.0
-"""For a file the record does not know yet: what one of its slow tests is taken to cost."""
-
-
-def expected_seconds(items) -> dict:
-    """Each collected file's expected run time: the recorded one, else an estimate from its slow tests."""
-    recorded = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.is_file() else {}
-    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
-    return {path: recorded.get(path.relative_to(REPO).as_posix(), SECONDS_PER_SLOW_TEST * slow[path])
-            for path in {item.path for item in items}}
-
-
-MULTIPROCESS_FILES = ("test_ray_runtime.py", "test_ray_multinode.py", "test_verl_workers.py",
-                      "test_verl_workers_train.py", "test_verl_lora_served.py", "test_verl_gpu_check.py",
-                      "test_verl_critic.py", "test_verl_server.py", "test_benchmarks_smoke.py")
-"""Files whose tests start a Ray instance, verl ranks or servers: several processes busy at once each."""
-MULTIPROCESS_CHAINS = 2
-"""At most this many of those files run at the same time (one chain of them per xdist worker)."""
-
-
-def xdist_groups(seconds: dict) -> dict:
-    """File -> xdist group: each file its own, but the multi-process files in ``MULTIPROCESS_CHAINS`` chains.
-
-    Three workers on two cores each running a Ray- or verl-rank test oversubscribe the machine (each test
-    keeps 3-5 processes busy): measured, such tests then took ~3x their time alone. Chained, at most two
-    run at once, and the third worker takes the single-process files. Chains are balanced by expected time.
-    """
-    chains = [0.0] * MULTIPROCESS_CHAINS
-    groups = {}
-    for path in sorted(seconds, key=lambda p: -seconds[p]):
-        if path.name in MULTIPROCESS_FILES:
-            chain = chains.index(min(chains))
-            chains[chain] += seconds[path]
-            groups[path] = f"multiprocess-{chain}"
-        else:
-            groups[path] = path.relative_to(REPO).as_posix()
-    return groups
-
-
 def pytest_collection_modifyitems(config, items):
-    """The longest work runs first (a stable sort: each file's own order is kept), each file on one worker.
+    """Test files with the most slow tests run first (a stable sort: each file's own order is kept).
 
-    Under ``pytest-xdist --dist loadgroup`` (scripts/test.sh) every test carries its file's group (see
-    :func:`xdist_groups`), so a file's module fixtures are built once, and workers take the groups in this
-    order: the long ones start early and the run does not end on one worker finishing a long file alone
-    (longest processing time first). Lengths come from ``tests/file_seconds.json``, measured on the idle
-    2-core machine; a file it does not list counts its slow tests.
+    Under ``pytest-xdist --dist loadfile`` (scripts/test.sh) workers take files in this order, so the long
+    files start early and the run does not end on one worker finishing a long file alone.
     """
-    seconds = expected_seconds(items)
-    groups = xdist_groups(seconds)
-    group_seconds = Counter()
-    for path, group in groups.items():
-        group_seconds[group] += seconds[path]
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[item.path]))
-    items.sort(key=lambda item: (-group_seconds[groups[item.path]], groups[item.path]))
-
-
-_spent: Counter = Counter()
-
-
-def pytest_runtest_logreport(report):
-    """Add up each file's seconds (the xdist controller receives every worker's reports)."""
-    _spent[report.nodeid.split("::")[0]] += report.duration
-
-
-def pytest_sessionfinish(session):
-    """With ``UNIMAS_RECORD_FILE_SECONDS=1``, write the files' seconds of a whole run to ``tests/file_seconds.json``."""
-    if os.environ.get("UNIMAS_RECORD_FILE_SECONDS") == "1" and not hasattr(session.config, "workerinput") and _spent:
-        FILE_SECONDS.write_text(json.dumps({path: round(s, 1) for path, s in sorted(_spent.items())}, indent=1) + "\n")
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
 
 
 @pytest.fixture(autouse=True)
