@@ -167,3 +167,16 @@ def test_validate_names_a_corrupt_tokenizer_json_without_a_traceback(tmp_path, c
     assert main(["validate", str(config)]) == 2
     err = capsys.readouterr().err
     assert str(directory / "tokenizer.json") in err and "Traceback" not in err, err
+
+
+def test_a_model_dir_is_parsed_once_until_its_files_change(tmp_path):
+    from unimas.groups.torch import tokenizer_files
+
+    directory = bpe_dir(tmp_path / "bpe")
+    (directory / tokenizer_files.CHAT_TEMPLATE_FILE).unlink(missing_ok=True)
+    edit_config(directory, chat_template="{{ messages }}")
+    first = tokenizer_files.read(directory)
+    assert tokenizer_files.read(directory) is first  # the chat-template and the vocabulary questions share it
+    edit_config(directory, chat_template=None, padding_side="left")  # a different size: the cache sees it
+    again = tokenizer_files.read(directory)
+    assert again is not first and first.chat_template and not again.chat_template

@@ -20,7 +20,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_poli
 from unimas.algorithms import functions as algorithms
 from unimas.config.schema import AlgorithmConfig, GenerationConfig, LoraConfig, ModelGroupConfig, OptimConfig
 from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
-from unimas.groups.torch import SupervisedExample, TorchModelGroup, TorchOptions
+from unimas.groups.torch import SupervisedExample, TorchBackend, TorchModelGroup, TorchOptions
 from unimas.groups.torch.chars import build_char_tokenizer, check_known
 
 ALPHABET = "abcdefgh:SL "
@@ -415,11 +415,11 @@ def test_options_need_exactly_one_source_and_known_keys():
 
 
 def test_vocabulary_lists_tokens_without_building_a_model(tmp_path):
-    words = TorchModelGroup.vocabulary(TorchOptions(tiny={"alphabet": "abca:"}))
+    words = TorchBackend.vocabulary(TorchOptions(tiny={"alphabet": "abca:"}))
     assert words == ["a", "b", "c", ":"]
     make_group().save(tmp_path / "ckpt")
-    assert TorchModelGroup.vocabulary({"init_from": str(tmp_path / "ckpt")}) == list(dict.fromkeys(ALPHABET))
-    assert TorchModelGroup.vocabulary({"path": str(tmp_path / "ckpt" / "model")}) == list(dict.fromkeys(ALPHABET))
+    assert TorchBackend.vocabulary({"init_from": str(tmp_path / "ckpt")}) == list(dict.fromkeys(ALPHABET))
+    assert TorchBackend.vocabulary({"path": str(tmp_path / "ckpt" / "model")}) == list(dict.fromkeys(ALPHABET))
 
 
 # ---------------------------------------------------------- the shared loss

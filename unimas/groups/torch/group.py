@@ -38,7 +38,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, ClassVar, Iterator, Optional, Sequence
+from typing import ClassVar, Iterator, Optional, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -127,18 +127,6 @@ class TorchModelGroup(ModelGroup):
             elif group.critic is not None:
                 log.info("model group '%s': %s has no critic; the critic starts afresh", spec.name, source)
         return group
-
-    @classmethod
-    def vocabulary(cls, options: Any) -> Optional[list[str]]:
-        """Token texts for a stand-in model, from the tokenizer alone; see :func:`source.vocabulary`."""
-        options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
-        return source_of.vocabulary(options)
-
-    @classmethod
-    def has_chat_template(cls, options: Any) -> Optional[bool]:
-        """Whether roles on this group render through a chat template (`unimas validate` says so)."""
-        options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
-        return source_of.has_chat_template(options)
 
     # ----------------------------------------------------------------- setup
 

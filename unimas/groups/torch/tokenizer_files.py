@@ -35,6 +35,7 @@ naming it.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,8 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
 
 EXTRA_KEYS = ("extra_special_tokens", "additional_special_tokens")
+WATCHED = (TOKENIZER_FILE, CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE, CHAT_TEMPLATE_FILE, CHAT_TEMPLATE_DIR)
+"""The files whose size and time :func:`read` keys its cache on."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,28 @@ class TokenizerFiles:
 
 
 def read(directory: Path) -> Optional[TokenizerFiles]:
-    """The tokenizer files of ``directory``; None when transformers must load them (see the module docstring)."""
-    directory = Path(directory)
+    """The tokenizer files of ``directory``; None when transformers must load them (see the module docstring).
+
+    Read once per state of the files: ``unimas validate`` asks every group for its chat template and, with
+    ``--episodes``, for its token texts, and groups often share one model dir, while parsing a large
+    ``tokenizer.json`` takes most of a second. A file written since is read again.
+    """
+    directory = Path(directory).resolve()
+    return _read(directory, tuple(_stamp(directory / name) for name in WATCHED))
+
+
+
+def _stamp(path: Path) -> Optional[tuple[int, int]]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+@functools.lru_cache(maxsize=16)
+def _read(directory: Path, stamps: tuple) -> Optional[TokenizerFiles]:
+    """:func:`read` for one state of the files (``stamps``, part of the cache key only)."""
     if not (directory / TOKENIZER_FILE).is_file():
         return None
     config = _json(directory / CONFIG_FILE) or {}
