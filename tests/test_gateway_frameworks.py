@@ -131,8 +131,9 @@ def train_example(model_dir, example: str, python: str, tmp_path) -> list:
 
 
 @pytest.mark.slow
-def test_a_langgraph_react_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
+def test_a_langgraph_react_agent_trains_two_steps(request, tmp_path):
     python = python_with("langgraph.prebuilt", "UNIMAS_LANGGRAPH_PYTHON")
+    tool_model = request.getfixturevalue("tool_model")  # built only where the framework is there
     trajectories = train_example(tool_model, "langgraph_agent.py", python, tmp_path)
     for trajectory in trajectories:  # ChatOpenAI sends the tool; the graph runs the call and sends the result back
         turns = trajectory.turns()
@@ -142,15 +143,18 @@ def test_a_langgraph_react_agent_trains_two_steps(tool_model, tmp_path):  # noqa
 
 
 @pytest.mark.slow
-def test_litellm_completion_trains_two_steps(tool_model, tmp_path):  # noqa: F811
+def test_litellm_completion_trains_two_steps(request, tmp_path):
     python = python_with("litellm", "UNIMAS_LITELLM_PYTHON")
+    tool_model = request.getfixturevalue("tool_model")  # built only where the framework is there
     trajectories = train_example(tool_model, "litellm_agent.py", python, tmp_path)
     assert all([turn.role for turn in t.turns()] == ["agent"] for t in trajectories)
     assert all(t.outcome["answer"] == t.turns()[0].text.strip() for t in trajectories)
 
 
-def test_an_autogen_assistant_agent_trains_two_steps(tool_model, tmp_path):  # noqa: F811
+@pytest.mark.slow
+def test_an_autogen_assistant_agent_trains_two_steps(request, tmp_path):
     python = python_with("autogen_agentchat", "UNIMAS_AUTOGEN_PYTHON")
+    tool_model = request.getfixturevalue("tool_model")  # built only where the framework is there
     trajectories = train_example(tool_model, "autogen_agent.py", python, tmp_path)
     for trajectory in trajectories:  # a call, then the reflection on its result (sent without the tools)
         turns = trajectory.turns()
