@@ -151,7 +151,6 @@ def test_litellm_completion_trains_two_steps(request, tmp_path):
     assert all(t.outcome["answer"] == t.turns()[0].text.strip() for t in trajectories)
 
 
-@pytest.mark.slow
 def test_an_autogen_assistant_agent_trains_two_steps(request, tmp_path):
     python = python_with("autogen_agentchat", "UNIMAS_AUTOGEN_PYTHON")
     tool_model = request.getfixturevalue("tool_model")  # built only where the framework is there

@@ -171,7 +171,6 @@ def test_ray_matches_local_places_groups_and_sends_thin_records(ray_transport, t
     assert request_bytes < 400 and result_bytes < 400 and update_bytes < 400
 
 
-@pytest.mark.slow
 def test_group_updates_overlap_in_time(ray_transport, tmp_path):
     """The trainer gathers the groups' update calls; on Ray they run at the same time."""
     run_trainer(small_config("trainer.steps=2"), ray_transport, tmp_path)
@@ -186,7 +185,6 @@ def test_group_updates_overlap_in_time(ray_transport, tmp_path):
     assert max(overlaps) > 0, f"update calls did not overlap: {updates}"
 
 
-@pytest.mark.slow
 def test_workflow_exception_is_isolated_to_its_episode(ray_transport):
     config = small_config()
 
@@ -208,7 +206,6 @@ def test_workflow_exception_is_isolated_to_its_episode(ray_transport):
 # --------------------------------------------------------------- dry run
 
 
-@pytest.mark.slow
 def test_dry_run_prints_the_plan_from_cluster_resources(ray_cluster, capsys):
     assert main(["train", str(CONFIG), *sum((["--set", s] for s in SMALL), []), "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -217,7 +214,6 @@ def test_dry_run_prints_the_plan_from_cluster_resources(ray_cluster, capsys):
     assert ray.is_initialized()  # a Ray instance it did not start is left alone
 
 
-@pytest.mark.slow
 def test_dry_run_fails_clearly_when_the_cluster_is_short(ray_cluster, capsys):
     args = sum((["--set", s] for s in SMALL + ["models.speaker_model.resources.gpus=2"]), [])
     assert main(["train", str(CONFIG), *args, "--dry-run"]) == 2
