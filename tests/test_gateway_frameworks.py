@@ -111,6 +111,12 @@ def python_with(module: str, override: str) -> str:
     return python
 
 
+def python_and_model(request, module: str, override: str) -> tuple[str, Path]:
+    """:func:`python_with`, then the tool model: it is built only where the framework is there (else: skip)."""
+    python = python_with(module, override)
+    return python, request.getfixturevalue("tool_model")
+
+
 def train_example(model_dir, example: str, python: str, tmp_path) -> list:
     """2 training steps of examples/gateway/tool_agent.yaml with its command swapped for ``example``."""
     text = (REPO / "examples/gateway/tool_agent.yaml").read_text()
@@ -132,8 +138,7 @@ def train_example(model_dir, example: str, python: str, tmp_path) -> list:
 
 @pytest.mark.slow
 def test_a_langgraph_react_agent_trains_two_steps(request, tmp_path):
-    python = python_with("langgraph.prebuilt", "UNIMAS_LANGGRAPH_PYTHON")
-    tool_model = request.getfixturevalue("tool_model")  # built only where the framework is there
+    python, tool_model = python_and_model(request, "langgraph.prebuilt", "UNIMAS_LANGGRAPH_PYTHON")
     trajectories = train_example(tool_model, "langgraph_agent.py", python, tmp_path)
     for trajectory in trajectories:  # ChatOpenAI sends the tool; the graph runs the call and sends the result back
         turns = trajectory.turns()
@@ -144,16 +149,14 @@ def test_a_langgraph_react_agent_trains_two_steps(request, tmp_path):
 
 @pytest.mark.slow
 def test_litellm_completion_trains_two_steps(request, tmp_path):
-    python = python_with("litellm", "UNIMAS_LITELLM_PYTHON")
-    tool_model = request.getfixturevalue("tool_model")  # built only where the framework is there
+    python, tool_model = python_and_model(request, "litellm", "UNIMAS_LITELLM_PYTHON")
     trajectories = train_example(tool_model, "litellm_agent.py", python, tmp_path)
     assert all([turn.role for turn in t.turns()] == ["agent"] for t in trajectories)
     assert all(t.outcome["answer"] == t.turns()[0].text.strip() for t in trajectories)
 
 
 def test_an_autogen_assistant_agent_trains_two_steps(request, tmp_path):
-    python = python_with("autogen_agentchat", "UNIMAS_AUTOGEN_PYTHON")
-    tool_model = request.getfixturevalue("tool_model")  # built only where the framework is there
+    python, tool_model = python_and_model(request, "autogen_agentchat", "UNIMAS_AUTOGEN_PYTHON")
     trajectories = train_example(tool_model, "autogen_agent.py", python, tmp_path)
     for trajectory in trajectories:  # a call, then the reflection on its result (sent without the tools)
         turns = trajectory.turns()

@@ -84,7 +84,6 @@ def read(directory: Path) -> Optional[TokenizerFiles]:
     return _read(directory, tuple(_stamp(directory / name) for name in WATCHED))
 
 
-
 def _stamp(path: Path) -> Optional[tuple[int, int]]:
     try:
         stat = path.stat()
