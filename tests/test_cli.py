@@ -1,7 +1,10 @@
 """CLI contract: exit codes, messages that name the field, no tracebacks for user errors."""
 
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -129,3 +132,29 @@ def test_plugins_verbose_lists_each_algorithm_parameter_with_type_and_default(ca
     assert "counterfactual  (unimas; algorithm.credit.params)\n    no parameters" in out
     assert main(["plugins"]) == 0
     assert "roots:" not in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the signal mask from /proc")
+def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on(tmp_path):
+    """`kill -USR1` on a CLI that seems stuck prints where each thread waits; the command still finishes."""
+    program = tmp_path / "wait.py"
+    program.write_text("import time\ntime.sleep(2)\nprint('done')\n")
+    proc = subprocess.Popen([sys.executable, "-m", "unimas.cli", "sandbox", str(program), "--allow-fallback"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    usr1 = 1 << (signal.SIGUSR1 - 1)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:  # until the CLI catches SIGUSR1
+            caught = next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                          if line.startswith("SigCgt:"))
+            if int(caught.split()[1], 16) & usr1:
+                break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert '"status": "ok"' in out and "done" in out  # the sandboxed program ran to its end
+    assert "Current thread" in err and "File " in err  # faulthandler's dump of the main thread

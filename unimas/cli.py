@@ -7,6 +7,8 @@ one paragraph naming the field or file; `--debug` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -82,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    _dump_stacks_on_sigusr1()
     args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
@@ -92,6 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """``kill -USR1 PID`` prints every thread's stack to stderr and the run goes on: where a run that seems
+    stuck waits (docs/reliability.md). In C, so it answers even while Python is blocked."""
+    if hasattr(signal, "SIGUSR1"):
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (RuntimeError, ValueError, OSError):  # stderr without a file descriptor (captured): nowhere to dump
+            pass
 
 
 def _fail(exc: BaseException, code: int, debug: bool) -> int:
