@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -81,6 +82,7 @@ def test_any_text_loads_or_is_a_user_error(text: str, tmp_path):
     _load_and_validate(_config_file(tmp_path, text))
 
 
+@pytest.mark.slow
 @FUZZ
 @given(place=st.sampled_from(PLACES), value=values)
 def test_any_value_anywhere_validates_or_is_a_user_error(place: str, value: Any, tmp_path):
@@ -147,6 +149,7 @@ def test_any_graph_compiles_or_is_a_user_error(data: dict, task_keys: set[str] |
     assert asyncio.iscoroutinefunction(workflow)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=graphs)
 def test_any_graph_in_a_config_validates_or_is_a_user_error(data: dict, tmp_path):

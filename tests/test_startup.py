@@ -109,11 +109,13 @@ def validate_in_a_fresh_interpreter(config: Path, cache: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_validate_of_a_tiny_config_imports_neither_torch_nor_transformers(tmp_path):
     out = validate_in_a_fresh_interpreter(REPO / "examples" / "quickstart.yaml", tmp_path / "cache")
     assert "HEAVY []" in out, out[-500:]
 
 
+@pytest.mark.slow
 def test_validate_of_a_model_dir_config_imports_neither_torch_nor_transformers(tmp_path, chat_model):
     """The chat template comes from the dir's tokenizer files (unimas/groups/torch/tokenizer_files.py)."""
     text = (REPO / "examples" / "quickstart_chat.yaml").read_text()

@@ -80,6 +80,7 @@ def test_an_unwritable_cache_dir_only_costs_the_import(fresh_catalog, tmp_path, 
     assert "gae" in verl_catalog.functions("estimators")
 
 
+@pytest.mark.slow
 def test_validate_with_a_warm_cache_never_imports_verl(tmp_path):
     probe = ("import sys; from unimas.cli import main; code = main(['validate', sys.argv[1]]); "
              "print('IMPORTED', sorted(m for m in ('verl', 'tensordict', 'ray') if m in sys.modules)); "

@@ -84,6 +84,7 @@ def test_each_group_has_its_own_named_server_built_by_verl(groups):
     assert a.rollout.servers[0]._actor_id != b.rollout.servers[0]._actor_id
 
 
+@pytest.mark.slow
 def test_sync_through_the_checkpoint_engine_matches_the_trainer_and_isolates_groups(groups):
     a, b = groups["srv_a"], groups["srv_b"]
     b_served = served(b)

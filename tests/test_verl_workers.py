@@ -131,6 +131,7 @@ def test_two_ranks_score_as_one_rank_and_have_a_server_each(groups):
     assert {r.weight_version for r in results} == {1}
 
 
+@pytest.mark.slow
 def test_update_sync_reference_and_checkpoint(groups, tmp_path):
     ranked, single = groups
     before = ranked.trainer_logprobs(TURNS)
@@ -161,6 +162,7 @@ def test_update_sync_reference_and_checkpoint(groups, tmp_path):
     assert refused.value.where == str(shard) and not (tmp_path / "unpickled").exists()
 
 
+@pytest.mark.slow
 def test_a_rollout_that_cannot_score_is_checked_on_tokens_it_samples(groups):
     """vLLM's servers only report log-probs of what they sample: the sync check then samples (4 prompts x 4)."""
     ranked, _ = groups
@@ -174,6 +176,7 @@ def test_a_rollout_that_cannot_score_is_checked_on_tokens_it_samples(groups):
         ranked.rollout.can_score = True
 
 
+@pytest.mark.slow
 def test_the_transport_runs_a_worker_groups_calls_beside_other_work(groups):
     """Its ranks do the work, so its update must not hold the event loop: another group's update overlaps it."""
     import asyncio
