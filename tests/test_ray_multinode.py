@@ -25,6 +25,7 @@ from tests.conftest import EXAMPLES  # noqa: E402
 from unimas.cli import main  # noqa: E402
 from unimas.config.loading import load_config  # noqa: E402
 from unimas.output.rundir import RunDir  # noqa: E402
+from unimas.process import ray_workers_at_normal_priority  # noqa: E402
 from unimas.runtime.ray_actors import RayTransport  # noqa: E402
 from unimas.training.experiment import Experiment  # noqa: E402
 from unimas.training.trainer import Trainer  # noqa: E402
@@ -56,6 +57,7 @@ def loopback_only():
 
 @pytest.fixture(scope="module")
 def cluster(loopback_only):
+    ray_workers_at_normal_priority()  # as for an instance unimas starts: raylets read it at their start
     made = cluster_utils.Cluster(initialize_head=True, head_node_args={**NODE, "resources": {"pool_b": 1},
                                                                        "include_dashboard": False})
     # The head wrote its address where a plain ray.init() (verl's, another process's) would join it: these

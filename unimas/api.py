@@ -14,7 +14,7 @@ from unimas.output.loggers import build_loggers
 from unimas.output.run_end import write_run_end
 from unimas.output.rundir import RunDir
 from unimas.preflight.validate import validate
-from unimas.process import torch_setup
+from unimas.process import torch_setup, until_interrupted
 from unimas.report import write_report
 from unimas.runtime.transport import start_transport
 from unimas.training.experiment import Experiment
@@ -52,7 +52,7 @@ def run_training(experiment: Experiment, run_dir: RunDir, resume: bool = False,
     transport = start_transport(config, experiment.registry)
     logged_before = _size(run_dir.metrics)
     try:
-        history = asyncio.run(Trainer(experiment, run_dir, transport, log=log).run(resume=resume))
+        history = asyncio.run(until_interrupted(Trainer(experiment, run_dir, transport, log=log).run(resume=resume)))
     except BaseException as error:
         # A refusal before the first step (a resume that does not fit) leaves the run as it was; the end
         # record is best effort here, so that a full disk cannot hide the error that ended the run.

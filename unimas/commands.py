@@ -140,7 +140,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from unimas.output.loggers import build_loggers
     from unimas.output.metrics import MetricsWriter
     from unimas.output.rundir import RunDir
-    from unimas.process import torch_setup
+    from unimas.process import torch_setup, until_interrupted
     from unimas.runtime.transport import start_transport
     from unimas.training.trainer import Trainer
 
@@ -153,7 +153,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         with quiet_libraries(show=getattr(args, "debug", False)):
             transport = start_transport(config, experiment.registry)
             try:
-                metrics = asyncio.run(_evaluate(Trainer(experiment, run_dir, transport), args.checkpoint))
+                metrics = asyncio.run(until_interrupted(_evaluate(Trainer(experiment, run_dir, transport),
+                                                                    args.checkpoint)))
             finally:
                 transport.shutdown()
         logger.log(metrics)

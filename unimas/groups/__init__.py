@@ -5,5 +5,5 @@ hub calls it through); ``torch``, ``verl`` and ``openai`` are the backends.
 Building groups from plugins and running them in process or as Ray actors
 is :mod:`unimas.runtime`.
 
-May import: algorithms, config, errors, safe_load.
+May import: algorithms, config, errors, process, safe_load.
 """

@@ -46,7 +46,7 @@ from unimas.contract.registry import build_registry
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import Critique, GenRequest, GenResult, TrainTurn
 from unimas.groups.verl import plan as verl_plan
-from unimas.process import torch_setup
+from unimas.process import ray_workers_at_normal_priority, torch_setup
 from unimas.runtime.build import build_group
 from unimas.runtime.placement import describe, fits_some_node, group_need, placement_plan
 
@@ -82,7 +82,8 @@ def connect(runtime: RuntimeConfig, cpus_needed: float = 0.0) -> bool:
     address (``auto``, ``host:port``, ``ray://...``): join that cluster;
     leaving it later only disconnects, the cluster keeps running. No
     dashboard, no runtime_env (workers import unimas from their own
-    environment), Ray's own logging at ERROR.
+    environment), Ray's own logging at ERROR, workers of a local instance not niced
+    (:func:`unimas.process.ray_workers_at_normal_priority`).
     """
     if ray.is_initialized():
         return False
@@ -91,6 +92,7 @@ def connect(runtime: RuntimeConfig, cpus_needed: float = 0.0) -> bool:
     quiet = {"logging_level": RAY_LOGGING_LEVEL, "log_to_driver": True}
     if runtime.address is None:
         cpus = max(os.cpu_count() or 1, math.ceil(cpus_needed))
+        ray_workers_at_normal_priority()
         ray.init(address="local", num_cpus=cpus, include_dashboard=False, **quiet)
         return True
     try:

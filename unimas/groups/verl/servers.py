@@ -37,6 +37,7 @@ from unimas.errors import UserError
 from unimas.groups.verl import lora, names
 from unimas.groups.verl.options import SERVER_ROLLOUT
 from unimas.groups.verl.rollout import HFRollout, _base_class, run_sync
+from unimas.process import ray_workers_at_normal_priority
 
 SERVER_KIND = "hf"
 """The rollout part of the server actor names (``unimas_<group>_hf_server_...``)."""
@@ -193,6 +194,7 @@ def ensure_ray() -> None:
     a small machine's cores although they mostly wait on each other.
     """
     if not ray.is_initialized():
+        ray_workers_at_normal_priority()
         ray.init(include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                  configure_logging=False, num_cpus=max(os.cpu_count() or 1, 16))
 
