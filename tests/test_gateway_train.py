@@ -22,7 +22,7 @@ from unimas.trajectory import read_jsonl
 
 pytestmark = pytest.mark.slow  # a Python process importing openai per episode: tens of seconds on 2 cores
 
-STEPS = 3
+STEPS = 2  # two updates show the team trained; each step starts 8 agent processes
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -9,7 +9,9 @@ page only as text.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pickle
 import re
 import shutil
 import subprocess
@@ -23,6 +25,30 @@ from unimas.cli import main
 QUICKSTART = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
 CHROMIUM = Path("/usr/bin/chromium")
 TRAIN = "trajectories/train.jsonl"
+
+
+@pytest.fixture(autouse=True)
+def plots_drawn_once_per_data(monkeypatch, tmp_path_factory):
+    """Most damage leaves what the PNG plots show unchanged (the damaged line is skipped): such copies get the
+    files drawn for the same data (about 1.2 s of matplotlib each). The plots read only the records, roles,
+    groups and episodes (unimas/report/plots.py), so those are the key; new data is drawn as usual."""
+    from unimas.report import plots
+
+    draw = plots.write_plots
+
+    def write_plots(run, directory: Path) -> dict[str, Path]:
+        key = hashlib.sha256(pickle.dumps((run.records, run.roles, run.groups, run.episodes))).hexdigest()
+        drawn = DRAWN.get(key)
+        if drawn is None:
+            drawn = DRAWN[key] = draw(run, tmp_path_factory.mktemp("plots"))
+        directory.mkdir(parents=True, exist_ok=True)
+        return {stem: Path(shutil.copy(path, directory / path.name)) for stem, path in drawn.items()}
+
+    monkeypatch.setattr(plots, "write_plots", write_plots)
+
+
+DRAWN: dict[str, dict[str, Path]] = {}
+"""Data digest -> the plot files drawn for it, for this module's tests."""
 
 
 @pytest.fixture(scope="module")

@@ -96,33 +96,43 @@ def test_a_tiny_models_vocabulary_without_a_tokenizer_is_its_tokenizers(alphabet
     assert TorchBackend.has_chat_template(options) is False
 
 
+VALIDATE_PROBE = ("import sys; from unimas.cli import main; code = main(['validate', sys.argv[1]]); "
+                  "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'verl', 'ray') if m in sys.modules)); "
+                  "sys.exit(code)")
+
+
 def validate_in_a_fresh_interpreter(config: Path, cache: Path) -> str:
     """The output of ``unimas validate config``, then the heavy packages it left in ``sys.modules``."""
-    probe = ("import sys; from unimas.cli import main; code = main(['validate', sys.argv[1]]); "
-             "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'verl', 'ray') if m in sys.modules)); "
-             "sys.exit(code)")
-    env = {**os.environ, "UNIMAS_CACHE_DIR": str(cache)}
-    for _ in range(2):  # the first run writes the verl catalog (unimas/algorithms/verl_catalog.py)
-        done = subprocess.run([sys.executable, "-c", probe, str(config)], env=env, cwd=REPO, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-c", VALIDATE_PROBE, str(config)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "UNIMAS_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
 
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory) -> Path:
+    """A cache dir holding the verl catalog: the first validate on a machine imports verl once to write it
+    (unimas/algorithms/verl_catalog.py; tests/test_verl_catalog.py checks that step). Shared by the checks below,
+    so each of them starts one fresh interpreter, not two."""
+    cache = tmp_path_factory.mktemp("cache")
+    validate_in_a_fresh_interpreter(REPO / "examples" / "quickstart.yaml", cache)
+    return cache
+
+
 @pytest.mark.slow
-def test_validate_of_a_tiny_config_imports_neither_torch_nor_transformers(tmp_path):
-    out = validate_in_a_fresh_interpreter(REPO / "examples" / "quickstart.yaml", tmp_path / "cache")
+def test_validate_of_a_tiny_config_imports_neither_torch_nor_transformers(warm_cache):
+    out = validate_in_a_fresh_interpreter(REPO / "examples" / "quickstart.yaml", warm_cache)
     assert "HEAVY []" in out, out[-500:]
 
 
 @pytest.mark.slow
-def test_validate_of_a_model_dir_config_imports_neither_torch_nor_transformers(tmp_path, chat_model):
+def test_validate_of_a_model_dir_config_imports_neither_torch_nor_transformers(tmp_path, chat_model, warm_cache):
     """The chat template comes from the dir's tokenizer files (unimas/groups/torch/tokenizer_files.py)."""
     text = (REPO / "examples" / "quickstart_chat.yaml").read_text()
     assert "{path: models/tiny-chat}" in text
     config = tmp_path / "chat.yaml"
     config.write_text(text.replace("{path: models/tiny-chat}", "{path: " + json.dumps(str(chat_model)) + "}"))
-    out = validate_in_a_fresh_interpreter(config, tmp_path / "cache")
+    out = validate_in_a_fresh_interpreter(config, warm_cache)
     assert "HEAVY []" in out and "speaker -> shared (chat template" in out, out[-1500:]
 
 
