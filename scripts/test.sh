@@ -8,11 +8,13 @@ bash scripts/system_packages.sh
 python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip
-# --no-compile: pip would byte-compile every module of every package (torch, transformers, ray: about 40 of the
-# 66 s the install took on the 2-core machine, docs/testing.md); the suite imports a small part of them, and
-# Python compiles those on first import.
+# pip byte-compiles each installed module one at a time (about 40 of the 66 s the install took on the 2-core
+# machine); compileall does the same on every core. Compiled ahead, not on first import: the gateway tests run
+# agent programs in a sandbox that cannot write .pyc files, so they would compile openai at every start.
+# Files written for other Python versions (torch/testing/_internal/py312_*) fail to compile here, as under pip.
 pip install -q --no-compile torch==2.13.0  # CPU build; a bare `torch` requirement can pull a multi-GB CUDA build
 pip install -q --no-compile -e ".[test,bench]"
+python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 # Three workers on the 2-core CI machine (many tests wait on child processes: Ray actors, verl ranks, agent
 # programs; measured in docs/testing.md), UNIMAS_TEST_WORKERS=N for another size; each test file on one worker
 # so that a module's shared fixtures (a Ray instance, a trained run) are built once. The inner loop while
