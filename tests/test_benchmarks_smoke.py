@@ -164,3 +164,14 @@ def test_credit_smoke_critic_rows(credit_out):
     for (task, method), row in rows.items():
         assert number(row[7]) >= 64  # the same sampled-token budget as every other row
         assert (row[11] == "—") == (method == "grpo")  # a critic trained (and logged its fit) in every critic row
+
+
+@pytest.mark.slow
+def test_suite_cpu_smoke():
+    """benchmarks/suite_cpu.py runs pytest under its /proc sampler and attributes the CPU by process and file."""
+    out = run_benchmark("suite_cpu.py")
+    assert re.search(r"pytest exit 0; [1-9]\d* tests", out), out[-2000:]
+    kinds = {row[0]: row for row in table_rows(out, "processes")}
+    assert number(kinds["pytest (controller)"][1]) > 0  # the run that executed the tests, found by the sampler
+    files = table_rows(out, "test file")
+    assert [row[0] for row in files] == ["`tests/test_safe_expr.py`"] and number(files[0][2]) > 0
