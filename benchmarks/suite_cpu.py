@@ -59,34 +59,34 @@ class Sampled:
 
 def kind(command: str) -> str:
     """The row of the per-kind table a process belongs to, from its command line."""
-    if command.startswith("ray::"):
-        name = re.match(r"ray::(\w+)", command)
-        return "Ray's own processes" if name and f"ray::{name.group(1)}" in RAY_INFRASTRUCTURE else \
-            f"Ray actor {name.group(1) if name else '?'}"
     if any(part in command for part in RAY_INFRASTRUCTURE):
         return "Ray's own processes"
-    if "ray/_private/workers/" in command:
-        return "Ray worker (tasks)"
-    if "exec(eval(sys.stdin" in command or "execnet" in command:
-        return "pytest workers"
-    if " -m pytest" in command or "/pytest " in command:
-        return "pytest (controller)"
-    patterns = [("unimas.groups.torch.replica_main", "torch rollout replicas"), ("benchmarks/", "benchmark scripts"),
-                ("scripts/", "scripts/ checks"), ("unimas.cli", "unimas CLI"), ("chromium", "chromium"),
-                ("bwrap", "sandbox (bwrap)"), ("python", "other Python programs")]
+    actor = re.match(r"ray::(\w+)", command)
+    if actor:
+        return f"Ray actor {actor.group(1)}"
+    patterns = [("ray/_private/workers/", "Ray worker (tasks)"), ("exec(eval(sys.stdin", "pytest workers"),
+                (" -m pytest", "pytest (controller)"), ("unimas.groups.torch.replica_main", "torch rollout replicas"),
+                ("benchmarks/", "benchmark scripts"), ("scripts/", "scripts/ checks"), ("unimas.cli", "unimas CLI"),
+                ("chromium", "chromium"), ("bwrap", "sandbox (bwrap)"), ("python", "other Python programs")]
     return next((label for pattern, label in patterns if pattern in command), "other")
 
 
-def _read(pid: str) -> tuple[str, float, str] | None:
-    """(start time, CPU seconds, command line) of a process, or None once it is gone."""
+def _cpu(pid: str) -> tuple[str, float] | None:
+    """(start time, CPU seconds) of a process, or None once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            command = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return None
-    return fields[19], (int(fields[11]) + int(fields[12])) / TICKS, command
+    return fields[19], (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def _command(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
 
 
 def _test_of(pid: str) -> str | None:
@@ -112,15 +112,15 @@ class Sampler(threading.Thread):
         first = True
         while not self.stopping.is_set():
             for pid in filter(str.isdigit, os.listdir("/proc")):
-                read = _read(pid)
+                read = _cpu(pid)
                 if read is None:
                     continue
-                start, cpu, command = read
+                start, cpu = read
                 known = self.seen.get((pid, start))
                 if known is None:
-                    self.seen[(pid, start)] = Sampled(command, _test_of(pid), cpu if first else 0.0, cpu)
-                elif cpu > known.cpu:
-                    known.cpu, known.command = cpu, command or known.command
+                    self.seen[(pid, start)] = Sampled(_command(pid), _test_of(pid), cpu if first else 0.0, cpu)
+                elif cpu > known.cpu:  # read again: Ray renames a worker once it hosts an actor
+                    known.cpu, known.command = cpu, _command(pid) or known.command
             first = False
             self.stopping.wait(self.period)
 
@@ -135,8 +135,9 @@ def per_kind(processes: list[Sampled]) -> list[list[str]]:
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for process in processes:
         if process.spent > 0:
-            totals[kind(process.command)][0] += process.spent
-            totals[kind(process.command)][1] += 1
+            total = totals[kind(process.command)]
+            total[0] += process.spent
+            total[1] += 1
     rows = sorted(totals.items(), key=lambda item: -item[1][0])
     return [[label, f"{cpu:.1f}", str(count), f"{cpu / count:.1f}"] for label, (cpu, count) in rows]
 

@@ -9,8 +9,8 @@ python3 -m venv .venv
 . .venv/bin/activate
 pip install -q --upgrade pip
 # pip byte-compiles each installed module one at a time (about 40 of the 66 s the install took on the 2-core
-# machine); compileall does the same on every core. Compiled ahead, not on first import: the gateway tests run
-# agent programs in a sandbox that cannot write .pyc files, so they would compile openai at every start.
+# machine); compileall does the same on every core. Compiled ahead, not on first import: a fresh clone that left
+# compiling to the first import ran 3 minutes longer and two gateway tests timed out (docs/testing.md).
 # Files written for other Python versions (torch/testing/_internal/py312_*) fail to compile here, as under pip.
 pip install -q --no-compile torch==2.13.0  # CPU build; a bare `torch` requirement can pull a multi-GB CUDA build
 pip install -q --no-compile -e ".[test,bench]"

@@ -130,8 +130,9 @@ def steps(group, count: int) -> list:
 
 def test_save_then_load_into_a_fresh_group_continues_bit_identically(setup, tmp_path):
     cfg, registry, group = setup
-    steps(group, 1)  # moves the adapter off its zero start whichever tests ran first (xdist's default --dist load
-    # spreads one file's tests over workers, each with its own module fixture)
+    # Move the adapter off its zero start here: under xdist's default --dist load this test may run on a worker
+    # whose module fixture no other test has trained.
+    steps(group, 1)
     group.save(tmp_path / "team")
     saved_version, saved = group.weight_version, group.trainer_logprobs(FIXED)
     expected = steps(group, 2)
