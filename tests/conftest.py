@@ -94,3 +94,17 @@ def save_tiny_model(path: Path, spec: dict) -> str:
     build_tiny_model(TinyModelConfig(**spec), tokenizer, seed=0).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+def release_leftover_ray() -> None:
+    """Stop the Ray instance an earlier test file left running in this worker process.
+
+    A verl group starts a local instance when none is up and keeps it, as ``ray.init`` does for any
+    Python session (``unimas.groups.verl.servers.ensure_ray``); the Ray runtime tests need a process
+    connected to no instance, whichever files this worker ran before them.
+    """
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+

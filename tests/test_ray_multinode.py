@@ -21,7 +21,7 @@ import pytest
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
-from tests.conftest import EXAMPLES  # noqa: E402
+from tests.conftest import EXAMPLES, release_leftover_ray  # noqa: E402
 from unimas.cli import main  # noqa: E402
 from unimas.config.loading import load_config  # noqa: E402
 from unimas.output.rundir import RunDir  # noqa: E402
@@ -57,6 +57,7 @@ def loopback_only():
 
 @pytest.fixture(scope="module")
 def cluster(loopback_only):
+    release_leftover_ray()
     ray_workers_at_normal_priority()  # as for an instance unimas starts: raylets read it at their start
     made = cluster_utils.Cluster(initialize_head=True, head_node_args={**NODE, "resources": {"pool_b": 1},
                                                                        "include_dashboard": False})

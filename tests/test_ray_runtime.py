@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 ray = pytest.importorskip("ray")
 
-from tests.conftest import EXAMPLES, REPO  # noqa: E402
+from tests.conftest import EXAMPLES, REPO, release_leftover_ray  # noqa: E402
 from unimas.cli import main  # noqa: E402
 from unimas.config.schema import ExperimentConfig, RuntimeConfig
 from unimas.config.loading import load_config  # noqa: E402
@@ -69,6 +69,7 @@ def comparable(history: list[dict]) -> list[dict]:
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray instance for the module, sized like the runtime sizes one."""
+    release_leftover_ray()
     started = connect(RuntimeConfig(kind="ray"), cpus_needed=CLUSTER_CPUS)
     assert started, "Ray was already initialised in this process"
     yield ray.get_runtime_context().gcs_address
