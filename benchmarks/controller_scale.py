@@ -23,6 +23,10 @@ tracemalloc), per episode. For ray the episodes wait on the actors, so the
 controller's side of each pending call (object refs, Ray's driver state)
 is counted too.
 
+Under the local table, one line gives the floor any asyncio controller pays: the same shape (workers at
+the largest local concurrency, one future per turn, resolved a batch at a time) with nothing of unimas in
+it, so the rest of the controller's CPU per turn is unimas's own bookkeeping.
+
 ``--no-gc`` turns Python's cyclic garbage collector off during each timed run:
 with it the per-turn cost is flat from 1 to 40 000 concurrent episodes, which
 shows that the growth with concurrency seen with the collector on is the
@@ -155,6 +159,54 @@ def measure(runtime: str, transport, concurrency: int, turns: int, repeats: int,
     return sorted(rows, key=lambda r: r.wall_s)[len(rows) // 2]
 
 
+async def _bare_asyncio(episodes: int, concurrency: int) -> None:
+    """The same shape with nothing of unimas: ``concurrency`` worker tasks run the episodes, each turn awaits
+    one future, and one server task resolves them a batch at a time. What any asyncio controller pays per
+    turn, whatever it records."""
+    loop = asyncio.get_running_loop()
+    waiting: list[asyncio.Future] = []
+    wake = asyncio.Event()
+
+    async def episode() -> None:
+        for _ in range(TURNS_PER_EPISODE):
+            future = loop.create_future()
+            waiting.append(future)
+            wake.set()
+            await future
+
+    async def server() -> None:
+        while True:
+            await wake.wait()
+            wake.clear()
+            await asyncio.sleep(0)  # let the batch fill, as the router's flush does
+            batch = waiting[:]
+            waiting.clear()
+            for future in batch:
+                future.set_result(None)
+
+    serving = asyncio.ensure_future(server())
+    left = iter(range(episodes))
+
+    async def worker() -> None:  # as the controller runs episodes: a fixed set of workers takes the next one
+        for _ in left:
+            await episode()
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    serving.cancel()
+
+
+def asyncio_floor(concurrency: int, turns: int, repeats: int) -> float:
+    """CPU µs per turn of :func:`_bare_asyncio` (median of ``repeats`` after a warm-up)."""
+    episodes = max(concurrency, turns // TURNS_PER_EPISODE)
+    asyncio.run(_bare_asyncio(min(episodes, 2 * concurrency), concurrency))
+    samples = []
+    for _ in range(repeats):
+        cpu = time.process_time()
+        asyncio.run(_bare_asyncio(episodes, concurrency))
+        samples.append(1e6 * (time.process_time() - cpu) / (episodes * TURNS_PER_EPISODE))
+    return sorted(samples)[len(samples) // 2]
+
+
 def memory_per_episode(episodes: int, transport) -> tuple[float, float]:
     """(tracemalloc bytes, RSS bytes) per in-flight episode in this (the controller) process."""
     import psutil
@@ -277,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 ray.shutdown()
     print(table(rows))
+    if "local" in runtimes:
+        level = max(levels + extra)
+        print(f"\nbare asyncio at {level} concurrent episodes (a future per turn, resolved a batch at a time; "
+              f"nothing of unimas): {asyncio_floor(level, args.turns, args.repeats):.1f} CPU µs/turn")
     if memory:
         print("\n| runtime | in-flight episodes | tracemalloc bytes/episode | RSS growth bytes/episode |")
         print("|---|---:|---:|---:|")

@@ -105,6 +105,8 @@ def test_controller_scale_smoke():
         assert turns >= 200 and turns_per_s > 0 and us_per_turn > 0 and cpu_per_turn > 0
     assert number(rows[0][7]) == 1.0  # one episode in flight: every batch holds one request
     assert rows[3][8].endswith("x")  # ray rows are compared with local at the same concurrency
+    floor = re.search(r"bare asyncio at 64 concurrent episodes .*: ([0-9.]+) CPU µs/turn", out)
+    assert floor and float(floor.group(1)) > 0, out  # the asyncio floor beside the controller's cost
     memory = table_rows(out, "in-flight episodes", first=False)
     assert memory[0][:2] == ["local", "256"] and number(memory[0][2]) > 0
 
