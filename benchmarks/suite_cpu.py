@@ -40,6 +40,12 @@ TICKS = os.sysconf("SC_CLK_TCK")
 RAY_INFRASTRUCTURE = ("gcs_server", "raylet/raylet", "dashboard/dashboard.py", "dashboard/agent.py", "log_monitor.py",
                       "autoscaler/_private/monitor.py", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "ray::IDLE")
 """Command-line fragments of the processes every Ray instance runs, whatever the suite asks of it."""
+KINDS = (("ray/_private/workers/", "Ray worker (tasks)"), ("exec(eval(sys.stdin", "pytest workers"),
+         (" -m pytest", "pytest (controller)"), ("unimas.groups.torch.replica_main", "torch rollout replicas"),
+         ("benchmarks/", "benchmark scripts"), ("scripts/", "scripts/ checks"), ("unimas.cli", "unimas CLI"),
+         ("chromium", "chromium"), ("bwrap", "sandbox (bwrap)"), ("python", "other Python programs"))
+"""(command-line fragment, row) for the other processes, first match wins: the xdist worker's command line
+holds ``exec(eval(sys.stdin...))`` (execnet's bootstrap, matched as text only)."""
 
 
 @dataclass
@@ -64,11 +70,7 @@ def kind(command: str) -> str:
     actor = re.match(r"ray::(\w+)", command)
     if actor:
         return f"Ray actor {actor.group(1)}"
-    patterns = [("ray/_private/workers/", "Ray worker (tasks)"), ("exec(eval(sys.stdin", "pytest workers"),
-                (" -m pytest", "pytest (controller)"), ("unimas.groups.torch.replica_main", "torch rollout replicas"),
-                ("benchmarks/", "benchmark scripts"), ("scripts/", "scripts/ checks"), ("unimas.cli", "unimas CLI"),
-                ("chromium", "chromium"), ("bwrap", "sandbox (bwrap)"), ("python", "other Python programs")]
-    return next((label for pattern, label in patterns if pattern in command), "other")
+    return next((label for pattern, label in KINDS if pattern in command), "other")
 
 
 def _cpu(pid: str) -> tuple[str, float] | None:

@@ -117,4 +117,3 @@ def release_leftover_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
-
