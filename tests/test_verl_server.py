@@ -85,6 +85,16 @@ def test_each_group_has_its_own_named_server_built_by_verl(groups):
 
 
 @pytest.mark.slow
+def test_requests_are_routed_in_the_groups_process_without_a_balancer_actor(groups):
+    """No verl routing actor (it imported all of verl per group); every request routed is released."""
+    for group in groups.values():
+        results = group.generate([GenRequest(prompt=p, generation=GEN) for p in ("S:a", "S:b", "S:c")])
+        assert len(results) == 3
+        assert group.rollout.manager.global_load_balancer is None  # verl starts its actor only there
+        assert group.rollout.client.router.in_flight() == {group.rollout.manager.server_addresses[0]: 0}
+
+
+@pytest.mark.slow
 def test_sync_through_the_checkpoint_engine_matches_the_trainer_and_isolates_groups(groups):
     a, b = groups["srv_a"], groups["srv_b"]
     b_served = served(b)

@@ -9,7 +9,9 @@ lives in a **Ray actor** started by verl's own control path, as vLLM's servers a
   and it launches one server actor named with the group's prefix from
   :mod:`.names` (``unimas_<group>_hf_server_<replica>_<node>``), so two groups
   in one Ray job never share a server;
-* generation goes through verl's load balancer and ``LLMServerClient.generate``;
+* generation goes through verl's ``LLMServerClient.generate``, routed in this
+  process (:class:`RoutedClient`, :mod:`.balancer`) instead of by verl's
+  routing actor;
 * the weight sync after each update goes through verl's
   ``CheckpointEngineManager`` with the ``naive`` backend, which asks the actor
   worker group to push its weights. The trainer of a unimas verl group is
@@ -33,8 +35,8 @@ import ray
 import torch
 
 from unimas.config.schema import GenerationConfig
-from unimas.errors import UserError
 from unimas.groups.verl import lora, names
+from unimas.groups.verl.balancer import RequestRouter
 from unimas.groups.verl.options import SERVER_ROLLOUT
 from unimas.groups.verl.rollout import HFRollout, _base_class, run_sync
 from unimas.process import ray_workers_at_normal_priority
@@ -149,6 +151,37 @@ class HFServerAdapter(_base_class()):
         await server.update_weights.remote(state, global_steps)
 
 
+def _llm_server() -> Any:
+    from verl.workers.rollout import llm_server
+
+    return llm_server
+
+
+class GroupServerManager(_llm_server().LLMServerManager):
+    """verl's manager of a group's server replicas, minus its routing actor (see :mod:`.balancer`)."""
+
+    async def _init_global_load_balancer(self) -> None:
+        self.global_load_balancer = None  # the group's one client routes in this process
+
+
+class RoutedClient(_llm_server().LLMServerClient):
+    """verl's client of the group's servers, routed by a :class:`RequestRouter` it holds itself.
+
+    verl's client lets a subclass route without a balancer actor (``load_balancer_handle=None``);
+    its ``generate`` asks :meth:`_acquire_server` for a server and always calls :meth:`_release_server`.
+    """
+
+    def __init__(self, config: Any, servers: dict[str, Any], load_balancer_handle: None = None):
+        super().__init__(config=config, load_balancer_handle=None)
+        self.router = RequestRouter(servers)
+
+    async def _acquire_server(self, request_id: str, **_request: Any) -> tuple[str, Any]:
+        return self.router.acquire_server(request_id)
+
+    def _release_server(self, server_id: str, request_id: Optional[str] = None) -> None:
+        self.router.release_server(server_id)
+
+
 def register() -> None:
     """Make verl's registries find the server-mode replica and adapter under ``unimas_hf_server`` (idempotent)."""
     from verl.workers.rollout import base
@@ -212,14 +245,7 @@ class ServerRollout:
     def __init__(self, root: Any, actor_group: Any):
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.workers.config import CheckpointEngineConfig
-        from verl.workers.rollout.llm_server import LLMServerManager
-
         self.group = root.actor_rollout_ref.rollout.custom["group"]
-        try:
-            import cachetools  # noqa: F401 - verl's load balancer needs it; say so before Ray starts
-        except ImportError:
-            raise UserError("verl's rollout servers need the cachetools package (verl's load balancer imports "
-                            "it): pip install cachetools", where=f"models.{self.group}.options") from None
         ensure_ray()
         register()
         self.own_servers = root.actor_rollout_ref.rollout.name != "vllm"
@@ -231,10 +257,11 @@ class ServerRollout:
 
             vllm_servers.register()
         self.actor_group = actor_group
-        self.manager = LLMServerManager.create(config=root, worker_group=actor_group)
+        self.manager = GroupServerManager.create(config=root, worker_group=actor_group)
         self.replicas = self.manager.get_replicas()
         self.servers = [replica.server_handle for replica in self.replicas]
-        self.client = self.manager.get_client()
+        self.client = self.manager.get_client(RoutedClient, servers=dict(zip(self.manager.server_addresses,
+                                                                              self.manager.server_handles)))
         self.checkpoints = CheckpointEngineManager(config=CheckpointEngineConfig(backend="naive"),
                                                    actor_wg=actor_group, replicas=self.replicas)
         self.generator = torch.Generator()
