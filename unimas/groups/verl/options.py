@@ -60,8 +60,8 @@ class VerlOptions(BaseModel):
     rollout_mode: Literal["hybrid", "standalone"] = Field(
         "hybrid", description="hybrid = rollout shares the trainer's devices; standalone = its own GPUs")
     rollout_server: bool = Field(False, description="generate through verl's rollout servers (a Ray actor per "
-                                 "group, verl's load balancer) and sync weights through verl's checkpoint engine "
-                                 "(naive); false = the rollout lives in the group's process")
+                                 "group, routed in the group's process) and sync weights through verl's checkpoint "
+                                 "engine (naive); false = the rollout lives in the group's process")
     workers: Literal["in_process", "ray"] = Field(
         "in_process", description="in_process = verl's engine in the group's process (one rank); ray = verl's "
         "RayWorkerGroup of ActorRolloutRefWorker ranks with verl's hybrid rollout servers (needed for several "
