@@ -65,7 +65,7 @@ async def one_round(transport: LocalTransport, batch: list[TrainTurn], together:
     return time.perf_counter() - start
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -73,7 +73,7 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=4, help="(sequential, together) pairs, interleaved")
     parser.add_argument("--out", type=Path, help="also write the results as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one pair (CI)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.hidden, args.layers, args.rows, args.pairs = 32, 1, 8, 1
     transport = LocalTransport.start(config_from_dict(experiment(args.hidden, args.layers)), build_registry())

@@ -138,14 +138,6 @@ def test_credit_smoke(credit_out):
 
 
 @pytest.mark.slow
-def test_verl_workers_smoke():
-    out = run_benchmark("verl_workers.py")
-    rows = table_rows(out, "variant")
-    assert [row[0] for row in rows] == ["one after the other", "together"]
-    assert all(number(row[1]) > 0 for row in rows) and "together / sequential:" in out
-
-
-@pytest.mark.slow
 def test_startup_smoke():
     out = run_benchmark("startup.py")
     rows = table_rows(out, "command")

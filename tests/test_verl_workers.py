@@ -212,3 +212,17 @@ def test_the_transport_runs_a_worker_groups_calls_beside_other_work(groups):
         for executor in transport._own_threads.values():
             executor.shutdown(wait=True)
     assert spans["single"][0] < spans["ranked"][1]  # inline, the single group would start after the ranked one
+
+
+@pytest.mark.slow
+def test_the_workers_benchmark_runs(capsys):
+    """``benchmarks/verl_workers.py --smoke`` in this process (the Ray job this module's groups started serves it
+    too; the script's own path handling is what the subprocess smoke runs of the other benchmarks check)."""
+    from benchmarks.verl_workers import main
+    from tests.test_benchmarks_smoke import number, table_rows
+
+    assert main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    rows = table_rows(out, "variant")
+    assert [row[0] for row in rows] == ["one after the other", "together"]
+    assert all(number(row[1]) > 0 for row in rows) and "together / sequential:" in out

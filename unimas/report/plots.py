@@ -30,7 +30,7 @@ PANEL_INCHES = (4.2, 3.0)
 MARGIN_INCHES = {"left": 0.65, "right": 0.2, "bottom": 0.5, "top": 0.7, "between_columns": 0.6, "between_rows": 0.8}
 """Room for what surrounds the axes: y tick labels (left, between columns), "step" and the x tick labels
 (bottom, between rows), each panel's title and the figure's caption (top, between rows). Fixed margins, not
-matplotlib's constrained layout: that costs a second, hidden draw of every figure (half the CPU of writing a
+matplotlib's constrained layout: that costs a second, hidden draw of every figure (a third of the CPU of writing a
 report's PNGs), and these plots have no axis titles and fixed font sizes, so fixed room fits their labels."""
 
 
