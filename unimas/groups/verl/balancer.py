@@ -6,8 +6,7 @@ exactly one client, in the group's own process, so the table lives there:
 :class:`RequestRouter` is a plain object the group's client asks
 (:class:`unimas.groups.verl.servers.RoutedClient`). That saves an actor per
 group whose start imported verl's package (torch, tensordict, transformers:
-about 4 CPU-seconds and 500 MB each, and verl never stopped it when the group
-closed) and two remote calls per request.
+about 4 CPU-seconds and 500 MB each) and two remote calls per request.
 
 Routing: a request id seen before goes to the server that served it (a
 multi-turn conversation keeps its prefix cache), any other to the server with

@@ -158,7 +158,11 @@ def _llm_server() -> Any:
 
 
 class GroupServerManager(_llm_server().LLMServerManager):
-    """verl's manager of a group's server replicas, minus its routing actor (see :mod:`.balancer`)."""
+    """verl's manager of a group's server replicas, minus its routing actor (see :mod:`.balancer`).
+
+    verl starts that actor in this one method; should a later verl start it elsewhere, the group still routes
+    by itself (:class:`RoutedClient` never asks it) and ``tests/test_verl_server.py`` says the actor is back.
+    """
 
     async def _init_global_load_balancer(self) -> None:
         self.global_load_balancer = None  # the group's one client routes in this process
@@ -172,6 +176,8 @@ class RoutedClient(_llm_server().LLMServerClient):
     """
 
     def __init__(self, config: Any, servers: dict[str, Any], load_balancer_handle: None = None):
+        """``servers``: server id -> actor handle; ``load_balancer_handle`` is what verl's ``get_client`` passes
+        (None: :class:`GroupServerManager` starts no balancer)."""
         super().__init__(config=config, load_balancer_handle=None)
         self.router = RequestRouter(servers)
 
@@ -245,6 +251,7 @@ class ServerRollout:
     def __init__(self, root: Any, actor_group: Any):
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.workers.config import CheckpointEngineConfig
+
         self.group = root.actor_rollout_ref.rollout.custom["group"]
         ensure_ray()
         register()
