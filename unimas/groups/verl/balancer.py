@@ -18,8 +18,9 @@ samples does not depend on the choice: unimas seeds every request itself
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import Any
+
+from cachetools import LRUCache
 
 DEFAULT_REMEMBERED_REQUESTS = 10_000
 """How many request ids keep their server (least recently used forgotten first)."""
@@ -33,21 +34,16 @@ class RequestRouter:
             raise ValueError("a request router needs at least one server")
         self._handles = dict(servers)
         self._in_flight = {server_id: 0 for server_id in servers}
-        self._remembered: OrderedDict[str, str] = OrderedDict()
-        self._remember_at_most = max(1, int(remember))
+        self._remembered: LRUCache[str, str] = LRUCache(maxsize=max(1, int(remember)))
         self._lock = threading.Lock()
 
     def acquire_server(self, request_id: str) -> tuple[str, Any]:
         """``(server_id, handle)`` for the request, counted in flight until :meth:`release_server`."""
         with self._lock:
-            server_id = self._remembered.get(request_id)
+            server_id = self._remembered.get(request_id)  # a hit counts as a use
             if server_id is None:
                 server_id = min(self._in_flight, key=self._in_flight.__getitem__)  # first registered on a tie
-                self._remembered[request_id] = server_id
-                if len(self._remembered) > self._remember_at_most:
-                    self._remembered.popitem(last=False)
-            else:
-                self._remembered.move_to_end(request_id)
+                self._remembered[request_id] = server_id  # forgets the least recently used when full
             self._in_flight[server_id] += 1
             return server_id, self._handles[server_id]
 
