@@ -21,7 +21,9 @@ line, as ``Trainer.run`` does) is split from the outside:
 The model-only floor pushes the same work through plain transformers/torch
 in the same process, right after each unimas step: for every generation
 batch unimas ran, the same prompt token ids (pre-padded) through a batched
-KV-cache sampling loop for as many decode steps as unimas took; for every
+KV-cache sampling loop for as many decode steps as unimas took, each
+distinct prompt prefilled once as unimas does (rows sharing it decode on
+copies of its cache); for every
 update, one forward (+ reference forward) and backward and AdamW step on the
 same prompt+response token ids. Floor models are copies of the unimas models,
 so unimas training is not disturbed. overhead = (unimas step − floor) /
@@ -175,9 +177,12 @@ class Floor:
 
         work = []
         for group, results in transport.gen_results:
-            ids, mask, pos, _ = self._pack([r.prompt_ids for r in results], [[]] * len(results), self.pad[group])
+            distinct = list(dict.fromkeys(tuple(r.prompt_ids) for r in results))  # prefilled once, as unimas does
+            where = {prompt: i for i, prompt in enumerate(distinct)}
+            rows = torch.tensor([where[tuple(r.prompt_ids)] for r in results])
+            ids, mask, pos, _ = self._pack([list(p) for p in distinct], [[]] * len(distinct), self.pad[group])
             steps = max(len(r.response_ids) for r in results)
-            work.append(("generate", group, *self._to_device(ids, mask, pos), steps))
+            work.append(("generate", group, *self._to_device(ids, mask, pos, rows), steps))
         for group, turns in transport.updates:
             ids, mask, pos, width_p = self._pack([t.prompt_ids for t in turns], [t.response_ids for t in turns],
                                                  self.pad[group])
@@ -205,21 +210,24 @@ class Floor:
             else:
                 self._update(*item[1:], phases)
 
-    def _generate(self, group, ids, mask, pos, steps) -> None:
+    def _generate(self, group, ids, mask, pos, rows, steps) -> None:
         import torch
 
         model = self.models[group]
         with torch.inference_mode():
             out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-            position = pos[:, -1:]
+            cache = out.past_key_values
+            cache.reorder_cache(rows)  # each row decodes on its own copy of its prompt's cache
+            logits, mask, position = out.logits[rows, -1], mask[rows], pos[rows, -1:]
             for step in range(steps):
-                token = torch.multinomial(out.logits[:, -1].float().softmax(-1), 1)
+                token = torch.multinomial(logits.float().softmax(-1), 1)
                 if step + 1 == steps:
                     break
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
                 position = position + 1
                 out = model(input_ids=token, attention_mask=mask, position_ids=position,
-                            past_key_values=out.past_key_values, use_cache=True)
+                            past_key_values=cache, use_cache=True)
+                logits, cache = out.logits[:, -1], out.past_key_values
 
     def _update(self, group, ids, mask, pos, width_p, adv, phases: Phases) -> None:
         import torch
@@ -369,7 +377,8 @@ def report(args: argparse.Namespace, results: dict) -> str:
              f"{gpu_line(args)}.",
              "",
              "All times are per step, median over steps (ms). Floor = the same prompts and tokens through plain "
-             "transformers/torch (batched KV-cache sampling; one forward/backward/AdamW step per model). "
+             "transformers/torch (batched KV-cache sampling, each distinct prompt prefilled once, as unimas does; one "
+             "forward/backward/AdamW step per model). "
              "overhead = (unimas step − floor) / unimas step (median of per-step values).",
              ""]
     headers = ["mapping", "turns", "tokens", "unimas step", "generation", "ref passes", "update", "everything else",

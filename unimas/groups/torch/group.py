@@ -50,7 +50,6 @@ from unimas.groups.torch import chat, checkpoint, optimizer, sampling, training
 from unimas.groups.torch import critic as critic_lib
 from unimas.groups.torch import source as source_of
 from unimas.groups.torch.chars import check_known
-from unimas.groups.torch.layout import layout_batch
 from unimas.groups.torch.options import TorchOptions
 from unimas.groups.torch.rollout_replica import RolloutReplica
 from unimas.groups.torch.training import SupervisedExample
@@ -346,10 +345,9 @@ class TorchModelGroup(ModelGroup):
                 for token in streamed.get(row, []):
                     listener.add(token)
             return token_rows, logprob_rows, version
-        batch = layout_batch(batch_ids, [[]] * len(batch_ids), self.pad_id, self.device)
         with self.route(model, adapter):
             token_rows, logprob_rows = sampling.sample_tokens(
-                model, batch, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
+                model, batch_ids, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
                 logit_bias=self.logit_bias, generator=self.generator, stops=stops, listeners=listeners)
         return token_rows, logprob_rows, self.weight_version
 

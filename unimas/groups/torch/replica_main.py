@@ -21,7 +21,6 @@ from unimas.config.schema import AlgorithmConfig, GenerationConfig, ModelGroupCo
 from unimas.groups.base import GroupSpec
 from unimas.groups.torch import sampling
 from unimas.groups.torch.group import TorchModelGroup
-from unimas.groups.torch.layout import layout_batch
 from unimas.groups.torch.options import TorchOptions
 from unimas.groups.torch.rollout_replica import (WeightLayout, decode_state, digests, encode_state, map_file, views,
                                                   watch_parent)
@@ -77,12 +76,11 @@ class Replica:
         gen = GenerationConfig.model_validate(request["generation"])
         prompts = request["prompts"]
         version = self.current_version()
-        batch = layout_batch(prompts, [[]] * len(prompts), group.pad_id, group.device)
         stops = sampling.StopStrings(group.tokenizer, request["stops"])
         streams = {int(row): RecordedStream() for row in request["streamed"]}
         with torch.inference_mode(), group.route(group.model, request["adapter"]):
             tokens, logprobs = sampling.sample_tokens(
-                group.model, batch, gen, bool(request["greedy"]), eos_ids=group.eos_ids, pad_id=group.pad_id,
+                group.model, prompts, gen, bool(request["greedy"]), eos_ids=group.eos_ids, pad_id=group.pad_id,
                 logit_bias=group.logit_bias, generator=group.generator, stops=stops, listeners=streams)
         return {"tokens": tokens, "logprobs": logprobs, "version": version,
                 "streamed": {str(row): stream.ids for row, stream in streams.items()}}

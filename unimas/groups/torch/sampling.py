@@ -1,5 +1,9 @@
 """Batched sampling with a KV cache, and the log-probs that go with it.
 
+Rows that share a prompt (the episodes of a GRPO group start from the same
+task) are prefilled once: their key/value cache is then copied to each of
+them (:func:`distinct_prompts`).
+
 The log-prob reported for each sampled token is taken under
 ``softmax(logits / T)`` *before* any top-k / top-p filtering, because that is
 the distribution the update recomputes. When a filter is active the two
@@ -13,7 +17,7 @@ tokens as an uninterrupted one.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -21,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GenRequest, GenResult
 from unimas.groups.streaming import TextProgress
-from unimas.groups.torch.layout import PaddedBatch
+from unimas.groups.torch.layout import layout_batch
 
 
 def logprobs_are_exact(gen: GenerationConfig, greedy: bool) -> bool:
@@ -99,9 +103,33 @@ def listeners(tokenizer: PreTrainedTokenizerBase, requests: Sequence[GenRequest]
             for row, request in enumerate(requests) if request.progress is not None}
 
 
+def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], Optional[list[int]]]:
+    """(each distinct prompt once, the index of every row's prompt in that list); None when all differ.
+
+    The prefill forward costs in proportion to its rows (measured on CPU for a tiny Qwen2: 128 rows of 12
+    tokens 15 ms, their 16 distinct prompts 1.8 ms), while every decoding step needs all rows anyway.
+    """
+    index: dict[tuple[int, ...], int] = {}
+    rows = [index.setdefault(tuple(prompt), len(index)) for prompt in prompts]
+    if len(index) == len(rows):
+        return list(prompts), None
+    return [list(prompt) for prompt in index], rows
+
+
+def copy_cache_rows(cache: Any, rows: torch.Tensor) -> Any:
+    """The key/value cache with row ``i`` taken from row ``rows[i]`` (rows repeat: one prefilled prompt feeds
+    each row that shares it). transformers' caches do this for beam search (``reorder_cache``)."""
+    if hasattr(cache, "reorder_cache"):
+        cache.reorder_cache(rows)
+        return cache
+    if isinstance(cache, tuple):  # the legacy layout: per layer, (keys, values, ...) with the batch first
+        return tuple(tuple(t.index_select(0, rows) for t in layer) for layer in cache)
+    raise TypeError(f"cannot copy rows of a {type(cache).__name__} key/value cache (no reorder_cache)")
+
+
 def sample_tokens(
     model: torch.nn.Module,
-    batch: PaddedBatch,
+    prompts: Sequence[list[int]],
     gen: GenerationConfig,
     greedy: bool,
     *,
@@ -112,8 +140,11 @@ def sample_tokens(
     stops: Optional[StopStrings] = None,
     listeners: Optional[Mapping[int, TextProgress]] = None,
 ) -> tuple[list[list[int]], list[list[float]]]:
-    """Decode up to ``gen.max_new_tokens`` for a prompt-only batch; (token rows, log-prob rows).
+    """Decode up to ``gen.max_new_tokens`` after each prompt; (token rows, log-prob rows).
 
+    Each distinct prompt is prefilled once (:func:`distinct_prompts`); from the first sampled token on,
+    every row decodes on its own copy of the cache, and all randomness is drawn for the whole batch as
+    before, so sharing changes no draw.
     Rows that produced EOS keep decoding pad tokens until every row is done
     (cheaper than shrinking the cache); :func:`to_results` cuts them off.
     ``stops``: rows end early when their text completes a stop string (they
@@ -121,18 +152,24 @@ def sample_tokens(
     ``listeners``: rows that stream get each token they sample as it is picked (rows without one cost nothing).
     The caller routes ``model`` to the right adapter and disables autograd.
     """
-    device = batch.input_ids.device
+    device = logit_bias.device
+    distinct, shared = distinct_prompts(prompts)
+    batch = layout_batch(distinct, [[]] * len(distinct), pad_id, device)
     eos = torch.tensor(list(eos_ids), device=device)
     stopping = stops is not None and stops.active
     mask, position = batch.attention_mask, batch.position_ids[:, -1:]
-    done = torch.zeros(batch.input_ids.shape[0], dtype=torch.bool, device=device)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     tokens, logprobs = [], []
     for listener in (listeners or {}).values():
         listener.start()
     out = model(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
                 use_cache=True, logits_to_keep=1)
+    logits, cache = out.logits[:, -1], out.past_key_values
+    if shared is not None:
+        rows = torch.tensor(shared, device=device)
+        logits, mask, position, cache = logits[rows], mask[rows], position[rows], copy_cache_rows(cache, rows)
     for step in range(gen.max_new_tokens):
-        token, logprob = pick_tokens(out.logits[:, -1].float() + logit_bias, gen, greedy, generator)
+        token, logprob = pick_tokens(logits.float() + logit_bias, gen, greedy, generator)
         token = token.masked_fill(done, pad_id)
         if listeners:
             picked, ended = token.tolist(), done.tolist()
@@ -143,15 +180,16 @@ def sample_tokens(
         logprobs.append(logprob)
         done = done | torch.isin(token, eos)
         if stopping:
-            rows = torch.stack(tokens, 1).tolist()
-            hit = [not finished and stops.hit(i, row) for i, (row, finished) in enumerate(zip(rows, done.tolist()))]
+            sampled = torch.stack(tokens, 1).tolist()
+            hit = [not finished and stops.hit(i, row) for i, (row, finished) in enumerate(zip(sampled, done.tolist()))]
             done = done | torch.tensor(hit, dtype=torch.bool, device=device)
         if step + 1 == gen.max_new_tokens or bool(done.all()):
             break
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         position = position + 1
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=position,
-                    past_key_values=out.past_key_values, use_cache=True)
+                    past_key_values=cache, use_cache=True)
+        logits, cache = out.logits[:, -1], out.past_key_values
     return torch.stack(tokens, 1).tolist(), torch.stack(logprobs, 1).tolist()
 
 

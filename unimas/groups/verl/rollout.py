@@ -111,8 +111,7 @@ class HFRollout(_base_class()):
     def generate(self, prompts: Sequence[list[int]], gen: GenerationConfig, greedy: bool, eos_ids: Sequence[int],
                  pad_id: int) -> tuple[list[list[int]], list[list[float]]]:
         """Sample responses (token rows, log-prob rows under softmax(logits / T)) for prompt-only rows."""
-        batch = layout_batch(list(prompts), [[]] * len(prompts), pad_id, self.device)
-        return sampling.sample_tokens(self.model, batch, gen, greedy, eos_ids=eos_ids, pad_id=pad_id,
+        return sampling.sample_tokens(self.model, prompts, gen, greedy, eos_ids=eos_ids, pad_id=pad_id,
                                       logit_bias=torch.zeros(self._vocab, device=self.device),
                                       generator=self.generator)
 

@@ -1,0 +1,81 @@
+"""Rows that share a prompt are prefilled once and decode on their own copies of its key/value cache.
+
+Checks: the prefill forward sees each distinct prompt once (left padding included); greedy rows answer as their
+prompt does alone; with sampling, sharing changes no random draw (the same tokens as prefilling every row, under
+the same seed); the legacy tuple cache layout is copied too; a cache that cannot be copied is refused by name.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from unimas.groups.torch import sampling
+from tests.test_torch_backend import gen, make_group
+
+SHARED = ["S:a", "L:hgfedcba", "S:a", "S:bcd", "L:hgfedcba", "S:a", "a", "S:a"]
+
+
+def prompt_ids(group, texts):
+    return [group.tokenizer(text)["input_ids"] for text in texts]
+
+
+def sample(group, prompts, config, greedy=False, seed=7):
+    group.generator.manual_seed(seed)
+    with torch.inference_mode():
+        return sampling.sample_tokens(group.model, prompts, config, greedy, eos_ids=group.eos_ids,
+                                      pad_id=group.pad_id, logit_bias=group.logit_bias, generator=group.generator)
+
+
+def test_distinct_prompts_index_every_row_and_say_none_when_all_differ():
+    assert sampling.distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([[1, 2], [3], [4]], [0, 1, 0, 1, 2])
+    assert sampling.distinct_prompts([[1], [1, 2], [2, 1]]) == ([[1], [1, 2], [2, 1]], None)
+
+
+def test_the_prefill_forward_sees_each_distinct_prompt_once_and_decoding_sees_every_row(monkeypatch):
+    group = make_group()
+    widths = []
+    forward = group.model.forward
+
+    def spy(*args, **kwargs):
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(group.model, "forward", spy)
+    prompts = prompt_ids(group, SHARED)
+    tokens, logprobs = sample(group, prompts, gen(max_new=3, require_eos=False))
+    longest = max(len(p) for p in prompts)
+    assert widths[0] == (4, longest)  # 4 distinct prompts, left-padded to the longest
+    assert all(width == (len(SHARED), 1) for width in widths[1:]) and len(widths) >= 2
+    assert len(tokens) == len(logprobs) == len(SHARED)
+
+
+def test_greedy_rows_answer_as_their_prompt_does_alone():
+    group = make_group(seed=3)
+    prompts = prompt_ids(group, SHARED)
+    tokens, logprobs = sample(group, prompts, gen(max_new=5, require_eos=False), greedy=True)
+    for prompt, row, row_logprobs in zip(prompts, tokens, logprobs):
+        alone_tokens, alone_logprobs = sample(group, [prompt], gen(max_new=5, require_eos=False), greedy=True)
+        assert row == alone_tokens[0]
+        assert row_logprobs == pytest.approx(alone_logprobs[0], abs=1e-5)
+
+
+def test_sharing_changes_no_random_draw(monkeypatch):
+    group = make_group(seed=1)
+    prompts = prompt_ids(group, SHARED * 4)
+    config = gen(max_new=6, temperature=1.3)
+    shared_tokens, shared_logprobs = sample(group, prompts, config)
+    monkeypatch.setattr(sampling, "distinct_prompts", lambda rows: (list(rows), None))  # every row prefilled
+    every_tokens, every_logprobs = sample(group, prompts, config)
+    assert shared_tokens == every_tokens
+    for shared_row, every_row in zip(shared_logprobs, every_logprobs):
+        assert shared_row == pytest.approx(every_row, abs=1e-5)
+    assert len({tuple(row) for row in shared_tokens}) > 4  # the rows of one prompt did sample apart
+
+
+def test_a_legacy_tuple_cache_is_copied_row_by_row_and_an_unknown_one_is_refused():
+    keys, values = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
+    copied = sampling.copy_cache_rows(((keys, values),), torch.tensor([2, 0, 2]))
+    assert torch.equal(copied[0][0], keys[[2, 0, 2]]) and torch.equal(copied[0][1], values[[2, 0, 2]])
+    with pytest.raises(TypeError, match="list key/value cache"):
+        sampling.copy_cache_rows([keys], torch.tensor([0]))
