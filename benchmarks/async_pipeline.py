@@ -50,6 +50,7 @@ if __package__ in (None, ""):
 from benchmarks.common import (  # noqa: E402
     Phases,
     build_unimas,
+    collector_as_in_training,
     machine_line,
     markdown_table,
     median,
@@ -155,7 +156,8 @@ def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root
                 await transport.inner.save(group, root / f"warm-{name}-{seed}" / group)
         asyncio.run(warm())
     started, cpu, child_cpu = time.perf_counter(), time.process_time(), sum(map(cpu_seconds, replicas))
-    records = asyncio.run(steps())
+    with collector_as_in_training():
+        records = asyncio.run(steps())
     elapsed = time.perf_counter() - started
     cpu, child_cpu = time.process_time() - cpu, sum(map(cpu_seconds, replicas)) - child_cpu
     transport.shutdown()

@@ -14,6 +14,8 @@ Every benchmark follows the same rules:
 * **No edits to unimas.** Phases are timed from the outside: a proxy around
   the transport (what the trainer calls) and wrappers on one model group's
   bound methods (see :func:`instrument_group`).
+* **Steps run as ``unimas train`` runs them.** A benchmark that calls
+  ``Trainer.train_step`` itself wraps its steps in :func:`collector_as_in_training`.
 """
 
 from __future__ import annotations
@@ -223,6 +225,24 @@ def build_unimas(tree: dict, run_root: Path, phases: Phases, record: bool = Fals
     transport = TimingTransport(start_transport(config, experiment.registry), phases, record=record)
     trainer = Trainer(experiment, RunDir(Path(run_root)).create(), transport)
     return trainer, transport
+
+
+@contextlib.contextmanager
+def collector_as_in_training():
+    """Python's garbage collector set as ``Trainer.run`` sets it for its steps (``settle_collector``), then put back.
+
+    Without it, a benchmark that calls ``train_step`` itself times the default collector, which ``unimas train``
+    never runs with: its full passes over the models' objects cost milliseconds a step.
+    """
+    import gc
+
+    from unimas.training.trainer import settle_collector
+
+    previous = settle_collector()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*previous)
 
 
 def warm_verl() -> None:

@@ -47,6 +47,7 @@ if __package__ in (None, ""):
 from benchmarks.common import (  # noqa: E402
     Phases,
     build_unimas,
+    collector_as_in_training,
     emit_result,
     machine_line,
     markdown_table,
@@ -158,7 +159,8 @@ def worker(args: argparse.Namespace, scheme: str) -> dict:
                 if step >= 2:
                     step_s.append(time.perf_counter() - started)
 
-        asyncio.run(loop())
+        with collector_as_in_training():
+            asyncio.run(loop())
     return {"scheme": scheme, "size": args.size, "rss_imports_mb": rss_imports, "rss_built_mb": rss_built,
             "peak_rss_mb": peak_rss_mb(), "median_step_s": median(step_s), "step_s": step_s, "params": params}
 

@@ -46,6 +46,7 @@ from benchmarks.common import (  # noqa: E402
     Phases,
     RoundProfiler,
     build_unimas,
+    collector_as_in_training,
     emit_result,
     ensure_importable,
     frames_table,
@@ -213,7 +214,8 @@ def worker_unimas(a: argparse.Namespace) -> dict:
             writer.close()
             await trainer.pipeline.close()  # the asynchronous pipeline's rollouts sampled ahead
 
-        asyncio.run(loop())
+        with collector_as_in_training():
+            asyncio.run(loop())
         profiler.finish()
         after = policy_quality(group.model, group.tokenizer)
         replica_mb = replica_peak_rss_mb(group.replica) if group.replica is not None else 0.0

@@ -9,6 +9,7 @@ and then serves one request at a time until its request pipe closes.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -113,6 +114,8 @@ def serve(request_fd: int, reply_fd: int) -> None:
     if not line:
         return
     replica = Replica(json.loads(line))
+    gc.collect()
+    gc.freeze()  # the model and imported modules live as long as the replica: keep them out of full GC passes
     reply({"ready": True})
     handlers = replica.handlers()
     for line in requests:
