@@ -2,7 +2,7 @@
 
 Rows that share a prompt (the episodes of a GRPO group start from the same
 task) are prefilled once: their key/value cache is then copied to each of
-them (:func:`distinct_prompts`).
+them (:mod:`unimas.groups.torch.shared_prompts`).
 
 The log-prob reported for each sampled token is taken under
 ``softmax(logits / T)`` *before* any top-k / top-p filtering, because that is
@@ -17,7 +17,7 @@ tokens as an uninterrupted one.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -26,6 +26,7 @@ from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GenRequest, GenResult
 from unimas.groups.streaming import TextProgress
 from unimas.groups.torch.layout import layout_batch
+from unimas.groups.torch.shared_prompts import copy_cache_rows, distinct_prompts
 
 
 def logprobs_are_exact(gen: GenerationConfig, greedy: bool) -> bool:
@@ -101,30 +102,6 @@ def listeners(tokenizer: PreTrainedTokenizerBase, requests: Sequence[GenRequest]
 
     return {row: TextProgress(decode, request.stop, request.progress)
             for row, request in enumerate(requests) if request.progress is not None}
-
-
-def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], Optional[list[int]]]:
-    """(each distinct prompt once, the index of every row's prompt in that list); None when all differ.
-
-    The prefill forward costs in proportion to its rows (measured on CPU for a tiny Qwen2: 128 rows of 12
-    tokens 15 ms, their 16 distinct prompts 1.8 ms), while every decoding step needs all rows anyway.
-    """
-    index: dict[tuple[int, ...], int] = {}
-    rows = [index.setdefault(tuple(prompt), len(index)) for prompt in prompts]
-    if len(index) == len(rows):
-        return list(prompts), None
-    return [list(prompt) for prompt in index], rows
-
-
-def copy_cache_rows(cache: Any, rows: torch.Tensor) -> Any:
-    """The key/value cache with row ``i`` taken from row ``rows[i]`` (rows repeat: one prefilled prompt feeds
-    each row that shares it). transformers' caches do this for beam search (``reorder_cache``)."""
-    if hasattr(cache, "reorder_cache"):
-        cache.reorder_cache(rows)
-        return cache
-    if isinstance(cache, tuple):  # the legacy layout: per layer, (keys, values, ...) with the batch first
-        return tuple(tuple(t.index_select(0, rows) for t in layer) for layer in cache)
-    raise TypeError(f"cannot copy rows of a {type(cache).__name__} key/value cache (no reorder_cache)")
 
 
 def sample_tokens(

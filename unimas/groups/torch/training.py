@@ -27,6 +27,7 @@ from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import TrainTurn
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch, pad_rows
+from unimas.groups.torch.shared_prompts import copy_cache_rows, distinct_prompts
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +76,13 @@ def compute_logprobs(
     parts_lp, parts_ent, parts_mask, order = [], [], [], []
     for adapter, rows in by_adapter.items():
         sub = [turns[i] for i in rows]
-        batch = _layout(group, sub)
         temps = torch.tensor([t.temperature or 1.0 for t in sub], device=group.device)
-        size = batch.response.shape[1]
         with group.route(model, adapter):
-            out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                        position_ids=batch.position_ids, use_cache=False, logits_to_keep=size + 1)
-        logp_all = ((out.logits[:, :-1].float() + group.logit_bias) / temps[:, None, None]).log_softmax(-1)
-        pad = (0, width - size)
-        parts_lp.append(torch.nn.functional.pad(logp_all.gather(-1, batch.response[..., None]).squeeze(-1), pad))
-        parts_mask.append(torch.nn.functional.pad(batch.response_mask, pad))
+            logits, response, response_mask = _response_logits(group, model, sub, entropy)
+        logp_all = ((logits.float() + group.logit_bias) / temps[:, None, None]).log_softmax(-1)
+        pad = (0, width - response.shape[1])
+        parts_lp.append(torch.nn.functional.pad(logp_all.gather(-1, response[..., None]).squeeze(-1), pad))
+        parts_mask.append(torch.nn.functional.pad(response_mask, pad))
         if entropy:
             parts_ent.append(torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), pad))
         order.extend(rows)
@@ -93,6 +91,42 @@ def compute_logprobs(
     inverse = inverse.to(group.device)
     ent = torch.cat(parts_ent)[inverse] if entropy else None
     return torch.cat(parts_lp)[inverse], ent, torch.cat(parts_mask)[inverse]
+
+
+def _response_logits(group: "TorchModelGroup", model: torch.nn.Module, turns: list[TrainTurn],
+                     entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the logits that predict each response token, (rows, R, V); the response ids; their mask).
+
+    Without gradients (reference and recomputed log-probs), when at most half the prompts are distinct, each
+    distinct prompt goes through the model once (:mod:`unimas.groups.torch.shared_prompts`); otherwise one
+    ``[prompt | response]`` row per turn.
+    """
+    if not entropy and not torch.is_grad_enabled() and all(t.response_ids for t in turns):
+        distinct, shared = distinct_prompts([t.prompt_ids for t in turns])
+        if shared is not None and 2 * len(distinct) <= len(turns):
+            return _logits_after_shared_prompts(group, model, turns, distinct, shared)
+    batch = _layout(group, turns)
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                use_cache=False, logits_to_keep=batch.response.shape[1] + 1)
+    return out.logits[:, :-1], batch.response, batch.response_mask
+
+
+def _logits_after_shared_prompts(group: "TorchModelGroup", model: torch.nn.Module, turns: list[TrainTurn],
+                                 distinct: list[list[int]], shared: list[int]
+                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_response_logits` from one forward over the distinct prompts (its last logits predict each
+    response's first token) and one over the responses, each row on a copy of its prompt's cache."""
+    prompts = layout_batch(distinct, [[]] * len(distinct), group.pad_id, group.device)
+    answers = layout_batch([[]] * len(turns), [t.response_ids for t in turns], group.pad_id, group.device)
+    rows = torch.tensor(shared, device=group.device)
+    first = model(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
+                  position_ids=prompts.position_ids, use_cache=True, logits_to_keep=1)
+    cache = copy_cache_rows(first.past_key_values, rows)
+    rest = model(input_ids=answers.input_ids, attention_mask=torch.cat([prompts.attention_mask[rows],
+                                                                         answers.attention_mask], dim=1),
+                 position_ids=prompts.position_ids[rows, -1:] + 1 + answers.position_ids, past_key_values=cache,
+                 use_cache=True)
+    return torch.cat([first.logits[rows], rest.logits[:, :-1]], dim=1), answers.response, answers.response_mask
 
 
 def _layout(group: "TorchModelGroup", turns: list[TrainTurn]):

@@ -1,8 +1,9 @@
-"""Rows that share a prompt are prefilled once and decode on their own copies of its key/value cache.
+"""Rows that share a prompt compute it once (``unimas/groups/torch/shared_prompts.py``).
 
-Checks: the prefill forward sees each distinct prompt once (left padding included); greedy rows answer as their
-prompt does alone; with sampling, sharing changes no random draw (the same tokens as prefilling every row, under
-the same seed); the legacy tuple cache layout is copied too; a cache that cannot be copied is refused by name.
+Sampling: the prefill forward sees each distinct prompt once (left padding included); greedy rows answer as their
+prompt does alone; sharing changes no random draw (the same tokens as prefilling every row, under the same seed).
+Log-probs without gradients (reference, recomputed): the same values as one full row per turn, from a forward over
+the distinct prompts only. The legacy tuple cache layout is copied too; a cache that cannot be copied is refused.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from unimas.groups.torch import sampling
-from tests.test_torch_backend import gen, make_group
+from unimas.groups.base import GenRequest
+from unimas.groups.torch import sampling, shared_prompts
+from tests.test_torch_backend import gen, make_group, turns_from
 
 SHARED = ["S:a", "L:hgfedcba", "S:a", "S:bcd", "L:hgfedcba", "S:a", "a", "S:a"]
 
@@ -28,8 +30,8 @@ def sample(group, prompts, config, greedy=False, seed=7):
 
 
 def test_distinct_prompts_index_every_row_and_say_none_when_all_differ():
-    assert sampling.distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([[1, 2], [3], [4]], [0, 1, 0, 1, 2])
-    assert sampling.distinct_prompts([[1], [1, 2], [2, 1]]) == ([[1], [1, 2], [2, 1]], None)
+    assert shared_prompts.distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([[1, 2], [3], [4]], [0, 1, 0, 1, 2])
+    assert shared_prompts.distinct_prompts([[1], [1, 2], [2, 1]]) == ([[1], [1, 2], [2, 1]], None)
 
 
 def test_the_prefill_forward_sees_each_distinct_prompt_once_and_decoding_sees_every_row(monkeypatch):
@@ -75,7 +77,28 @@ def test_sharing_changes_no_random_draw(monkeypatch):
 
 def test_a_legacy_tuple_cache_is_copied_row_by_row_and_an_unknown_one_is_refused():
     keys, values = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
-    copied = sampling.copy_cache_rows(((keys, values),), torch.tensor([2, 0, 2]))
+    copied = shared_prompts.copy_cache_rows(((keys, values),), torch.tensor([2, 0, 2]))
     assert torch.equal(copied[0][0], keys[[2, 0, 2]]) and torch.equal(copied[0][1], values[[2, 0, 2]])
     with pytest.raises(TypeError, match="list key/value cache"):
-        sampling.copy_cache_rows([keys], torch.tensor([0]))
+        shared_prompts.copy_cache_rows([keys], torch.tensor([0]))
+
+
+def test_log_probs_without_gradients_forward_the_distinct_prompts_once_and_equal_full_rows(monkeypatch):
+    group = make_group(seed=2)
+    results = group.generate([GenRequest(text, gen(max_new=5)) for text in SHARED * 2])
+    turns = turns_from(results)
+    assert len({len(t.response_ids) for t in turns}) > 1  # some rows stopped at EOS: right padding is covered
+    full, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))  # gradients on: full rows
+    widths = []
+    forward = group.model.forward
+
+    def spy(*args, **kwargs):
+        widths.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(group.model, "forward", spy)
+    with torch.inference_mode():
+        shared, _, shared_mask = group.response_logprobs(group.model, turns, [None] * len(turns))
+    assert widths[0][0] == 4 and widths[1][0] == len(turns)  # the 4 distinct prompts, then every response
+    assert torch.equal(mask, shared_mask)
+    assert torch.allclose(shared * mask, full.detach() * mask, atol=1e-5)
