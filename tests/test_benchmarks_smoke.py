@@ -138,6 +138,15 @@ def test_credit_smoke(credit_out):
 
 
 @pytest.mark.slow
+def test_shared_prompts_smoke():
+    out = run_benchmark("shared_prompts.py")
+    rows = table_rows(out, "prompt tokens")
+    assert [row[0] for row in rows] == ["8", "32"] and all(row[1] == "8" for row in rows)  # 2 prompts × group 4
+    for row in rows:
+        assert all(number(cell) > 0 for cell in row[2:])  # both forwards timed both ways, and their ratios
+
+
+@pytest.mark.slow
 def test_startup_smoke():
     out = run_benchmark("startup.py")
     rows = table_rows(out, "command")
