@@ -23,9 +23,9 @@ in the same process, right after each unimas step: for every generation
 batch unimas ran, the same prompt token ids (pre-padded) through a batched
 KV-cache sampling loop for as many decode steps as unimas took, each
 distinct prompt prefilled once as unimas does (rows sharing it decode on
-copies of its cache); for every
-update, one forward (+ reference forward) and backward and AdamW step on the
-same prompt+response token ids. Floor models are copies of the unimas models,
+copies of its cache); for every update, one forward (+ reference forward,
+over each distinct prompt once when at most half are distinct, as unimas
+does) and backward and AdamW step on the same prompt+response token ids. Floor models are copies of the unimas models,
 so unimas training is not disturbed. overhead = (unimas step − floor) /
 unimas step, median over steps; the two mappings' steps alternate.
 
@@ -188,8 +188,22 @@ class Floor:
                                                  self.pad[group])
             adv = torch.tensor([t.advantage for t in turns], dtype=torch.float32)
             ids, mask, pos, adv = self._to_device(ids, mask, pos, adv)
-            work.append(("update", group, ids, mask, pos, width_p, adv))
+            work.append(("update", group, ids, mask, pos, width_p, adv, self._shared_reference_inputs(group, turns)))
         return work
+
+    def _shared_reference_inputs(self, group, turns) -> tuple | None:
+        """When at most half the prompts are distinct, unimas's reference pass forwards each once and the
+        responses on copies of its cache: the floor's does the same (None: one full row per turn)."""
+        import torch
+
+        distinct = list(dict.fromkeys(tuple(t.prompt_ids) for t in turns))
+        if self.kl_coef <= 0 or 2 * len(distinct) > len(turns):
+            return None
+        where = {prompt: i for i, prompt in enumerate(distinct)}
+        rows = torch.tensor([where[tuple(t.prompt_ids)] for t in turns])
+        p_ids, p_mask, p_pos, _ = self._pack([list(p) for p in distinct], [[]] * len(distinct), self.pad[group])
+        r_ids, r_mask, r_pos, _ = self._pack([[]] * len(turns), [t.response_ids for t in turns], self.pad[group])
+        return self._to_device(p_ids, p_mask, p_pos, rows, r_ids, r_mask, r_pos)
 
     def _to_device(self, *tensors):
         return tuple(t.to(self.device) for t in tensors)
@@ -229,7 +243,7 @@ class Floor:
                             past_key_values=cache, use_cache=True)
                 logits, cache = out.logits[:, -1], out.past_key_values
 
-    def _update(self, group, ids, mask, pos, width_p, adv, phases: Phases) -> None:
+    def _update(self, group, ids, mask, pos, width_p, adv, shared, phases: Phases) -> None:
         import torch
 
         model, optim = self.models[group], self.optims[group]
@@ -240,10 +254,20 @@ class Floor:
             logits = m(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits[:, :-1]
             return logits.float().log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
 
+        def shared_logp_of(m):
+            p_ids, p_mask, p_pos, rows, r_ids, r_mask, r_pos = shared
+            first = m(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True, logits_to_keep=1)
+            cache = first.past_key_values
+            cache.reorder_cache(rows)
+            rest = m(input_ids=r_ids, attention_mask=torch.cat([p_mask[rows], r_mask], dim=1),
+                     position_ids=p_pos[rows, -1:] + 1 + r_pos, past_key_values=cache, use_cache=True)
+            logits = torch.cat([first.logits[rows], rest.logits[:, :-1]], dim=1)
+            return logits.float().log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
+
         ref = None
         if self.kl_coef > 0:
             with phases.phase("floor_ref"), torch.no_grad():
-                ref = logp_of(self.refs[group])
+                ref = logp_of(self.refs[group]) if shared is None else shared_logp_of(self.refs[group])
                 self._synchronize()
         with phases.phase("floor_update"):
             model.train()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import random
 import sys
 import time
@@ -47,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=10, help="interleaved on/off pairs per measurement")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path, help="also write the raw rows here")
     args = p.parse_args(argv)
     if args.smoke:
         args.prompt_lengths, args.tasks, args.group, args.new_tokens, args.repeats = [8, 32], 2, 4, 4, 2
@@ -133,6 +135,8 @@ def main(argv=None) -> int:
     setup_torch(args.threads)
     group = build_group(args, max(args.prompt_lengths))
     rows = [measure(args, group, length) for length in args.prompt_lengths]
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
     lines = [f"### Shared prompts — {args.tasks} prompts × group {args.group}, {args.new_tokens} tokens per row",
              "",
              f"tiny Qwen2 h{args.hidden} L{args.layers}; CPU ms of this process, median of {args.repeats} interleaved "
