@@ -23,9 +23,10 @@ in the same process, right after each unimas step: for every generation
 batch unimas ran, the same prompt token ids (pre-padded) through a batched
 KV-cache sampling loop for as many decode steps as unimas took, each
 distinct prompt prefilled once as unimas does (rows sharing it decode on
-copies of its cache); for every update, one forward (+ reference forward,
-over each distinct prompt once when at most half are distinct, as unimas
-does) and backward and AdamW step on the same prompt+response token ids. Floor models are copies of the unimas models,
+copies of its cache); for every update, one forward (+ reference forward)
+and backward and AdamW step on the same prompt+response token ids, the
+forwards taking each distinct prompt once when at most half are distinct,
+as unimas does. Floor models are copies of the unimas models,
 so unimas training is not disturbed. overhead = (unimas step − floor) /
 unimas step, median over steps; the two mappings' steps alternate.
 
@@ -188,16 +189,16 @@ class Floor:
                                                  self.pad[group])
             adv = torch.tensor([t.advantage for t in turns], dtype=torch.float32)
             ids, mask, pos, adv = self._to_device(ids, mask, pos, adv)
-            work.append(("update", group, ids, mask, pos, width_p, adv, self._shared_reference_inputs(group, turns)))
+            work.append(("update", group, ids, mask, pos, width_p, adv, self._shared_prompt_inputs(group, turns)))
         return work
 
-    def _shared_reference_inputs(self, group, turns) -> tuple | None:
-        """When at most half the prompts are distinct, unimas's reference pass forwards each once and the
-        responses on copies of its cache: the floor's does the same (None: one full row per turn)."""
+    def _shared_prompt_inputs(self, group, turns) -> tuple | None:
+        """When at most half the prompts are distinct, unimas's update forwards (policy and reference) take each
+        once and the responses on copies of its cache: the floor's do the same (None: one full row per turn)."""
         import torch
 
         distinct = list(dict.fromkeys(tuple(t.prompt_ids) for t in turns))
-        if self.kl_coef <= 0 or 2 * len(distinct) > len(turns):
+        if 2 * len(distinct) > len(turns):
             return None
         where = {prompt: i for i, prompt in enumerate(distinct)}
         rows = torch.tensor([where[tuple(t.prompt_ids)] for t in turns])
@@ -250,7 +251,7 @@ class Floor:
         response, rmask = ids[:, width_p:], mask[:, width_p:].float()
         keep = response.shape[1] + 1
 
-        def logp_of(m):
+        def full_logp_of(m):
             logits = m(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=keep).logits[:, :-1]
             return logits.float().log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
 
@@ -264,10 +265,12 @@ class Floor:
             logits = torch.cat([first.logits[rows], rest.logits[:, :-1]], dim=1)
             return logits.float().log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
 
+        logp_of = full_logp_of if shared is None else shared_logp_of
+
         ref = None
         if self.kl_coef > 0:
             with phases.phase("floor_ref"), torch.no_grad():
-                ref = logp_of(self.refs[group]) if shared is None else shared_logp_of(self.refs[group])
+                ref = logp_of(self.refs[group])
                 self._synchronize()
         with phases.phase("floor_update"):
             model.train()

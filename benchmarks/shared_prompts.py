@@ -2,21 +2,24 @@
 
 A GRPO step holds every first-turn prompt ``--group`` times. The torch
 backend prefills each distinct prompt once when sampling, and forwards it
-once for the log-probs that need no gradients (the KL reference, recomputed
-old log-probs), copying its key/value cache to the rows that share it
-(``unimas/groups/torch/shared_prompts.py``). This script times both
-forwards with the sharing on and off (off: every row is its own prompt, as
-before), on one tiny Qwen2 model group, for several prompt lengths:
+once for the update's log-probs (policy, KL reference, recomputed old
+log-probs), copying its key/value cache to the rows that share it
+(``unimas/groups/torch/shared_prompts.py``). This script times these
+forwards with the sharing on and off (off: every row is its own prompt),
+on one tiny Qwen2 model group, for several prompt lengths:
 
 * sampling — ``sampling.sample_tokens`` for ``--tasks`` × ``--group`` rows,
   ``--new-tokens`` tokens each (EOS never ends a row early);
 * reference log-probs — the group's ``response_logprobs`` under
-  ``inference_mode`` on the same rows with ``--new-tokens`` response tokens.
+  ``inference_mode`` on the same rows with ``--new-tokens`` response tokens;
+* policy forward + backward — the same log-probs and entropies with
+  gradients, and the backward pass of a loss over them (the update's
+  forward and backward, without the optimiser step).
 
 CPU time of this process (one torch thread), the median of ``--repeats``
 interleaved pairs (on, off, off, on, ...), and the ratio on / off of each
-pair (median). With sharing off the values are the same up to float
-rounding: the test ``tests/test_shared_prompts.py`` checks that.
+pair (median). With sharing off the values and gradients are the same up
+to float rounding: ``tests/test_shared_prompts.py`` checks that.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ if __package__ in (None, ""):
 from benchmarks.common import machine_line, markdown_table, median, quiet_environment, setup_torch  # noqa: E402
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ."
+PARTS = {"sampling": "sampling", "reference": "reference log-probs", "policy": "policy forward + backward"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,8 +115,13 @@ def measure(args: argparse.Namespace, group, length: int) -> dict:
         with torch.inference_mode():
             group.response_logprobs(group.model, turns, [None] * len(turns))
 
+    def policy() -> None:
+        group.model.zero_grad(set_to_none=True)
+        logp, entropy, mask = group.response_logprobs(group.model, turns, [None] * len(turns), entropy=True)
+        ((logp + entropy) * mask).sum().backward()
+
     row = {"prompt tokens": len(prompts[0]), "rows": len(prompts)}
-    for name, work in (("sampling", sample), ("reference", reference)):
+    for name, work in (("sampling", sample), ("reference", reference), ("policy", policy)):
         times: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(2):  # warm-up, both ways
             for enabled in (True, False):
@@ -142,11 +151,11 @@ def main(argv=None) -> int:
              f"tiny Qwen2 h{args.hidden} L{args.layers}; CPU ms of this process, median of {args.repeats} interleaved "
              f"pairs; ratio = shared / every row (median of per-pair ratios). {machine_line(args.threads)}.",
              "",
-             markdown_table(["prompt tokens", "rows", "sampling, shared", "sampling, every row", "ratio",
-                             "reference log-probs, shared", "reference log-probs, every row", "ratio"],
-                            [[r["prompt tokens"], r["rows"], 1000 * r["sampling"][0], 1000 * r["sampling"][1],
-                              f"{r['sampling'][2]:.2f}×", 1000 * r["reference"][0], 1000 * r["reference"][1],
-                              f"{r['reference'][2]:.2f}×"] for r in rows])]
+             markdown_table(["prompt tokens", "rows", *(f"{part}, {how}" for part in PARTS.values()
+                                                       for how in ("shared", "every row", "ratio"))],
+                            [[r["prompt tokens"], r["rows"],
+                              *(cell for part in PARTS for cell in (1000 * r[part][0], 1000 * r[part][1],
+                                                                     f"{r[part][2]:.2f}×"))] for r in rows])]
     print("\n".join(lines))
     return 0
 

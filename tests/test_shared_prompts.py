@@ -2,8 +2,8 @@
 
 Sampling: the prefill forward sees each distinct prompt once (left padding included); greedy rows answer as their
 prompt does alone; sharing changes no random draw (the same tokens as prefilling every row, under the same seed).
-Log-probs without gradients (reference, recomputed): the same values as one full row per turn, from a forward over
-the distinct prompts only. The legacy tuple cache layout is copied too; a cache that cannot be copied is refused.
+Log-probs of the update (policy, reference, recomputed): the same values, and the same gradients, as one full row
+per turn, from a forward over the distinct prompts only. The legacy tuple cache layout is copied too; a cache that cannot be copied is refused.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from unimas.groups.base import GenRequest
-from unimas.groups.torch import sampling, shared_prompts
+from unimas.groups.torch import sampling, shared_prompts, training
 from tests.test_torch_backend import gen, make_group, turns_from
 
 SHARED = ["S:a", "L:hgfedcba", "S:a", "S:bcd", "L:hgfedcba", "S:a", "a", "S:a"]
@@ -83,12 +83,21 @@ def test_a_legacy_tuple_cache_is_copied_row_by_row_and_an_unknown_one_is_refused
         shared_prompts.copy_cache_rows([keys], torch.tensor([0]))
 
 
-def test_log_probs_without_gradients_forward_the_distinct_prompts_once_and_equal_full_rows(monkeypatch):
-    group = make_group(seed=2)
+def every_row(monkeypatch) -> None:
+    """Every turn its own prompt: one full ``[prompt | response]`` row each (the path without sharing)."""
+    monkeypatch.setattr(training, "distinct_prompts", lambda prompts: (list(prompts), None))
+
+
+def shared_turns(group):
     results = group.generate([GenRequest(text, gen(max_new=5)) for text in SHARED * 2])
     turns = turns_from(results)
     assert len({len(t.response_ids) for t in turns}) > 1  # some rows stopped at EOS: right padding is covered
-    full, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))  # gradients on: full rows
+    return turns
+
+
+def test_log_probs_forward_the_distinct_prompts_once_and_equal_full_rows(monkeypatch):
+    group = make_group(seed=2)
+    turns = shared_turns(group)
     widths = []
     forward = group.model.forward
 
@@ -100,5 +109,29 @@ def test_log_probs_without_gradients_forward_the_distinct_prompts_once_and_equal
     with torch.inference_mode():
         shared, _, shared_mask = group.response_logprobs(group.model, turns, [None] * len(turns))
     assert widths[0][0] == 4 and widths[1][0] == len(turns)  # the 4 distinct prompts, then every response
+    every_row(monkeypatch)
+    with torch.inference_mode():
+        full, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
+    assert widths[2][0] == len(turns) and len(widths) == 3  # one full row per turn
     assert torch.equal(mask, shared_mask)
-    assert torch.allclose(shared * mask, full.detach() * mask, atol=1e-5)
+    assert torch.allclose(shared * mask, full * mask, atol=1e-5)
+
+
+def test_gradients_through_shared_prompts_are_those_of_full_rows(monkeypatch):
+    """The policy forward shares too: each prompt's gradient is summed over its rows through the cache copies."""
+    group = make_group(seed=4)
+    turns = shared_turns(group)
+
+    def gradients() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        group.model.zero_grad(set_to_none=True)
+        logp, entropy, mask = group.response_logprobs(group.model, turns, [None] * len(turns), entropy=True)
+        ((logp + 0.1 * entropy) * mask * torch.linspace(-1, 1, len(turns))[:, None]).sum().backward()
+        return logp.detach(), [p.grad.clone() for p in group.model.parameters() if p.grad is not None]
+
+    shared_logp, shared_grads = gradients()
+    every_row(monkeypatch)
+    full_logp, full_grads = gradients()
+    assert torch.allclose(shared_logp, full_logp, atol=1e-5)
+    assert len(shared_grads) == len(full_grads) > 0
+    for shared, full in zip(shared_grads, full_grads):
+        assert torch.allclose(shared, full, rtol=1e-4, atol=1e-6)

@@ -120,8 +120,8 @@ def sample_tokens(
     """Decode up to ``gen.max_new_tokens`` after each prompt; (token rows, log-prob rows).
 
     Each distinct prompt is prefilled once (:func:`distinct_prompts`); from the first sampled token on,
-    every row decodes on its own copy of the cache, and all randomness is drawn for the whole batch as
-    before, so sharing changes no draw.
+    every row decodes on its own copy of the cache. Randomness is drawn for the whole batch at each step,
+    so whether rows share a prompt changes no draw.
     Rows that produced EOS keep decoding pad tokens until every row is done
     (cheaper than shrinking the cache); :func:`to_results` cuts them off.
     ``stops``: rows end early when their text completes a stop string (they

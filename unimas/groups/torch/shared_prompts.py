@@ -6,9 +6,9 @@ A forward over a prompt costs in proportion to its rows, so each distinct
 prompt goes through the model once, with its key/value cache kept; the
 cache is then copied to every row that shares it, and each row goes on
 from there with its own tokens. Used by the sampling loop (the prefill)
-and by the forwards that need no gradients (reference and recomputed
-log-probs); the training forward, which needs gradients through the
-prompt's positions, keeps one full row per turn.
+and by every log-prob forward of the update (policy, reference, recomputed
+old log-probs): there gradients flow back through the copies into the one
+prompt forward, summed over the rows that share it.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def compute_logprobs(
         sub = [turns[i] for i in rows]
         temps = torch.tensor([t.temperature or 1.0 for t in sub], device=group.device)
         with group.route(model, adapter):
-            logits, response, response_mask = _response_logits(group, model, sub, entropy)
+            logits, response, response_mask = _response_logits(group, model, sub)
         logp_all = ((logits.float() + group.logit_bias) / temps[:, None, None]).log_softmax(-1)
         pad = (0, width - response.shape[1])
         parts_lp.append(torch.nn.functional.pad(logp_all.gather(-1, response[..., None]).squeeze(-1), pad))
@@ -93,29 +93,39 @@ def compute_logprobs(
     return torch.cat(parts_lp)[inverse], ent, torch.cat(parts_mask)[inverse]
 
 
-def _response_logits(group: "TorchModelGroup", model: torch.nn.Module, turns: list[TrainTurn],
-                     entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _response_logits(group: "TorchModelGroup", model: torch.nn.Module, turns: list[TrainTurn]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the logits that predict each response token, (rows, R, V); the response ids; their mask).
 
-    Without gradients (reference and recomputed log-probs), when at most half the prompts are distinct, each
-    distinct prompt goes through the model once (:mod:`unimas.groups.torch.shared_prompts`); otherwise one
-    ``[prompt | response]`` row per turn.
+    When at most half the prompts are distinct, each distinct prompt goes through the model once
+    (:mod:`unimas.groups.torch.shared_prompts`); otherwise one ``[prompt | response]`` row per turn.
     """
-    if not entropy and not torch.is_grad_enabled() and all(t.response_ids for t in turns):
-        distinct, shared = distinct_prompts([t.prompt_ids for t in turns])
-        if shared is not None and 2 * len(distinct) <= len(turns):
-            return _logits_after_shared_prompts(group, model, turns, distinct, shared)
+    shared = _shared_prompts(turns)
+    if shared is not None:
+        return _logits_after_shared_prompts(group, model, turns, *shared)
     batch = _layout(group, turns)
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 use_cache=False, logits_to_keep=batch.response.shape[1] + 1)
     return out.logits[:, :-1], batch.response, batch.response_mask
 
 
+def _shared_prompts(turns: Sequence[TrainTurn]) -> Optional[tuple[list[list[int]], list[int]]]:
+    """(the distinct prompts, each turn's index among them) when at most half the prompts are distinct."""
+    if not all(t.response_ids for t in turns):
+        return None
+    distinct, rows = distinct_prompts([t.prompt_ids for t in turns])
+    return None if rows is None or 2 * len(distinct) > len(turns) else (distinct, rows)
+
+
 def _logits_after_shared_prompts(group: "TorchModelGroup", model: torch.nn.Module, turns: list[TrainTurn],
                                  distinct: list[list[int]], shared: list[int]
                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`_response_logits` from one forward over the distinct prompts (its last logits predict each
-    response's first token) and one over the responses, each row on a copy of its prompt's cache."""
+    response's first token) and one over the responses, each row on a copy of its prompt's cache.
+
+    With gradients on, they flow back through the copies into the one prompt forward: a prompt's gradient
+    is the sum over the rows that share it, as it is with one full row per turn.
+    """
     prompts = layout_batch(distinct, [[]] * len(distinct), group.pad_id, group.device)
     answers = layout_batch([[]] * len(turns), [t.response_ids for t in turns], group.pad_id, group.device)
     rows = torch.tensor(shared, device=group.device)
@@ -153,7 +163,8 @@ def compute_reference_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTu
         model, adapters = group.model, [None] * len(turns)
     else:
         model, adapters = group.reference_model(), [t.adapter for t in turns]
-    _layout(group, list(turns))  # built outside inference mode, so that the policy pass reuses it
+    if _shared_prompts(turns) is None:
+        _layout(group, list(turns))  # built outside inference mode, so that the policy pass reuses it
     with torch.inference_mode():
         reference = group.response_logprobs(model, turns, adapters)[0]
     return reference.clone()
