@@ -25,8 +25,8 @@ KV-cache sampling loop for as many decode steps as unimas took, each
 distinct prompt prefilled once as unimas does (rows sharing it decode on
 copies of its cache); for every update, one forward (+ reference forward)
 and backward and AdamW step on the same prompt+response token ids, the
-forwards taking each distinct prompt once when at most half are distinct,
-as unimas does. Floor models are copies of the unimas models,
+forwards taking each distinct prompt once whenever unimas's do (the rule
+``split_forward`` in ``unimas/groups/torch/shared_prompts.py``). Floor models are copies of the unimas models,
 so unimas training is not disturbed. overhead = (unimas step − floor) /
 unimas step, median over steps; the two mappings' steps alternate.
 
@@ -193,16 +193,17 @@ class Floor:
         return work
 
     def _shared_prompt_inputs(self, group, turns) -> tuple | None:
-        """When at most half the prompts are distinct, unimas's update forwards (policy and reference) take each
-        once and the responses on copies of its cache: the floor's do the same (None: one full row per turn)."""
+        """When unimas's update forwards (policy and reference) take each distinct prompt once and the responses
+        on copies of its cache (``split_forward``), the floor's do the same (None: one full row per turn)."""
         import torch
 
-        distinct = list(dict.fromkeys(tuple(t.prompt_ids) for t in turns))
-        if 2 * len(distinct) > len(turns):
+        from unimas.groups.torch.shared_prompts import split_forward  # the rule only; the forwards are plain torch
+
+        plan = split_forward([t.prompt_ids for t in turns])
+        if plan is None:
             return None
-        where = {prompt: i for i, prompt in enumerate(distinct)}
-        rows = torch.tensor([where[tuple(t.prompt_ids)] for t in turns])
-        p_ids, p_mask, p_pos, _ = self._pack([list(p) for p in distinct], [[]] * len(distinct), self.pad[group])
+        distinct, rows = plan[0], torch.tensor(plan[1])
+        p_ids, p_mask, p_pos, _ = self._pack(distinct, [[]] * len(distinct), self.pad[group])
         r_ids, r_mask, r_pos, _ = self._pack([[]] * len(turns), [t.response_ids for t in turns], self.pad[group])
         return self._to_device(p_ids, p_mask, p_pos, rows, r_ids, r_mask, r_pos)
 

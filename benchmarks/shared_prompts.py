@@ -83,12 +83,13 @@ def sharing(enabled: bool):
     if enabled:
         yield
         return
-    saved = sampling.distinct_prompts, training.distinct_prompts
-    sampling.distinct_prompts = training.distinct_prompts = lambda prompts: (list(prompts), None)
+    saved = sampling.distinct_prompts, training.split_forward
+    sampling.distinct_prompts = lambda prompts: (list(prompts), None)
+    training.split_forward = lambda prompts: None
     try:
         yield
     finally:
-        sampling.distinct_prompts, training.distinct_prompts = saved
+        sampling.distinct_prompts, training.split_forward = saved
 
 
 def measure(args: argparse.Namespace, group, length: int) -> dict:

@@ -85,10 +85,20 @@ def test_a_legacy_tuple_cache_is_copied_row_by_row_and_an_unknown_one_is_refused
 
 def every_row(monkeypatch) -> None:
     """Every turn its own prompt: one full ``[prompt | response]`` row each (the path without sharing)."""
-    monkeypatch.setattr(training, "distinct_prompts", lambda prompts: (list(prompts), None))
+    monkeypatch.setattr(training, "split_forward", lambda prompts: None)
 
 
-def shared_turns(group):
+def test_the_update_splits_its_forward_only_when_enough_prompt_tokens_are_shared():
+    prompt = list(range(100))
+    plan = shared_prompts.split_forward([prompt] * 4 + [[1, 2]] * 4)  # 300 + 6 prompt tokens skipped
+    assert plan == ([prompt, [1, 2]], [0, 0, 0, 0, 1, 1, 1, 1])
+    assert shared_prompts.split_forward([prompt] * 3) is None  # 200 skipped: below MIN_SAVED_TOKENS
+    assert shared_prompts.split_forward([prompt] * 4 + [[i] for i in range(3)]) is None  # 4 of 7 distinct
+    assert shared_prompts.split_forward([[i, i] for i in range(300)]) is None  # nothing shared
+
+
+def shared_turns(group, monkeypatch):
+    monkeypatch.setattr(shared_prompts, "MIN_SAVED_TOKENS", 0)  # short test prompts: share whatever is shared
     results = group.generate([GenRequest(text, gen(max_new=5)) for text in SHARED * 2])
     turns = turns_from(results)
     assert len({len(t.response_ids) for t in turns}) > 1  # some rows stopped at EOS: right padding is covered
@@ -97,7 +107,7 @@ def shared_turns(group):
 
 def test_log_probs_forward_the_distinct_prompts_once_and_equal_full_rows(monkeypatch):
     group = make_group(seed=2)
-    turns = shared_turns(group)
+    turns = shared_turns(group, monkeypatch)
     widths = []
     forward = group.model.forward
 
@@ -120,7 +130,7 @@ def test_log_probs_forward_the_distinct_prompts_once_and_equal_full_rows(monkeyp
 def test_gradients_through_shared_prompts_are_those_of_full_rows(monkeypatch):
     """The policy forward shares too: each prompt's gradient is summed over its rows through the cache copies."""
     group = make_group(seed=4)
-    turns = shared_turns(group)
+    turns = shared_turns(group, monkeypatch)
 
     def gradients() -> tuple[torch.Tensor, list[torch.Tensor]]:
         group.model.zero_grad(set_to_none=True)

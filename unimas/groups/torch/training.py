@@ -27,7 +27,7 @@ from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import TrainTurn
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch, pad_rows
-from unimas.groups.torch.shared_prompts import copy_cache_rows, distinct_prompts
+from unimas.groups.torch.shared_prompts import copy_cache_rows, split_forward
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def _response_logits(group: "TorchModelGroup", model: torch.nn.Module, turns: li
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the logits that predict each response token, (rows, R, V); the response ids; their mask).
 
-    When at most half the prompts are distinct, each distinct prompt goes through the model once
+    When rows share prompts enough (:func:`split_forward`), each distinct prompt goes through the model once
     (:mod:`unimas.groups.torch.shared_prompts`); otherwise one ``[prompt | response]`` row per turn.
     """
     shared = _shared_prompts(turns)
@@ -110,11 +110,10 @@ def _response_logits(group: "TorchModelGroup", model: torch.nn.Module, turns: li
 
 
 def _shared_prompts(turns: Sequence[TrainTurn]) -> Optional[tuple[list[list[int]], list[int]]]:
-    """(the distinct prompts, each turn's index among them) when at most half the prompts are distinct."""
+    """(the distinct prompts, each turn's index among them) when :func:`split_forward` says sharing pays."""
     if not all(t.response_ids for t in turns):
         return None
-    distinct, rows = distinct_prompts([t.prompt_ids for t in turns])
-    return None if rows is None or 2 * len(distinct) > len(turns) else (distinct, rows)
+    return split_forward([t.prompt_ids for t in turns])
 
 
 def _logits_after_shared_prompts(group: "TorchModelGroup", model: torch.nn.Module, turns: list[TrainTurn],
