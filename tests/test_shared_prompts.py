@@ -2,8 +2,8 @@
 
 Sampling: the prefill forward sees each distinct prompt once (left padding included); greedy rows answer as their
 prompt does alone; sharing changes no random draw (the same tokens as prefilling every row, under the same seed).
-Log-probs of the update (policy, reference, recomputed): the same values, and the same gradients, as one full row
-per turn, from a forward over the distinct prompts only. The legacy tuple cache layout is copied too; a cache that cannot be copied is refused.
+Log-probs of the update (policy, reference, recomputed) and a critic's values: the same values, and the same
+gradients, as one full row per turn, from a forward over the distinct prompts only. The legacy tuple cache layout is copied too; a cache that cannot be copied is refused.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from unimas.groups.base import GenRequest
+from unimas.groups.torch import critic as critic_lib
 from unimas.groups.torch import sampling, shared_prompts, training
 from tests.test_torch_backend import gen, make_group, turns_from
 
@@ -97,6 +98,12 @@ def test_the_update_splits_its_forward_only_when_enough_prompt_tokens_are_shared
     assert shared_prompts.split_forward([[i, i] for i in range(300)]) is None  # nothing shared
 
 
+def same_gradient(shared: torch.Tensor, full: torch.Tensor) -> bool:
+    """Equal up to float rounding, measured against the tensor's scale: summing rows in another order moves an
+    element near zero by ~1e-6 of the largest, while a gradient that misses the prompt is off by its own size."""
+    return float((shared - full).abs().max()) <= 1e-5 * float(full.abs().max()) + 1e-8
+
+
 def shared_turns(group, monkeypatch):
     monkeypatch.setattr(shared_prompts, "MIN_SAVED_TOKENS", 0)  # short test prompts: share whatever is shared
     results = group.generate([GenRequest(text, gen(max_new=5)) for text in SHARED * 2])
@@ -144,4 +151,35 @@ def test_gradients_through_shared_prompts_are_those_of_full_rows(monkeypatch):
     assert torch.allclose(shared_logp, full_logp, atol=1e-5)
     assert len(shared_grads) == len(full_grads) > 0
     for shared, full in zip(shared_grads, full_grads):
-        assert torch.allclose(shared, full, rtol=1e-4, atol=1e-6)
+        assert same_gradient(shared, full)
+
+
+def test_critic_values_and_their_gradients_through_shared_prompts_are_those_of_full_rows(monkeypatch):
+    from tests.test_critic import critic_group
+
+    group = critic_group(seed=5)
+    with torch.no_grad():
+        group.critic.model.head.weight.normal_()
+    turns = shared_turns(group, monkeypatch)
+    model = group.critic.model
+
+    def values_and_gradients() -> tuple[list[list[float]], torch.Tensor, list[torch.Tensor]]:
+        read = group.critic.values(group, turns, chunk=len(turns))
+        model.zero_grad(set_to_none=True)
+        batch = critic_lib._batch(group, turns)
+        values = model(batch)
+        (values * batch.response_mask * torch.linspace(-1, 1, len(turns))[:, None]).sum().backward()
+        return read, values.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    assert isinstance(critic_lib._batch(group, turns), shared_prompts.SplitBatch)
+    shared_read, shared_values, shared_grads = values_and_gradients()
+    every_row(monkeypatch)
+    monkeypatch.setattr(critic_lib, "split_turns", lambda group, turns: None)
+    full_read, full_values, full_grads = values_and_gradients()
+    for shared, full in zip(shared_read, full_read):
+        assert shared == pytest.approx(full, abs=1e-5)
+    mask = critic_lib._batch(group, turns).response_mask
+    assert torch.allclose(shared_values * mask, full_values * mask, atol=1e-5)
+    assert len(shared_grads) == len(full_grads) > 0
+    for shared, full in zip(shared_grads, full_grads):
+        assert same_gradient(shared, full)

@@ -49,7 +49,8 @@ from unimas.groups.base import Critique, GroupSpec, TrainTurn
 from unimas.groups.torch import optimizer as optim_lib
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import PaddedBatch, layout_batch, pad_rows
-from unimas.groups.torch.training import minibatches
+from unimas.groups.torch.shared_prompts import SplitBatch, forward_split
+from unimas.groups.torch.training import minibatches, split_turns
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
 if TYPE_CHECKING:
@@ -72,13 +73,17 @@ class ValueModel(torch.nn.Module):
             self.head.weight.zero_()
             self.head.bias.zero_()
 
-    def forward(self, batch: PaddedBatch) -> torch.Tensor:
+    def forward(self, batch: PaddedBatch | SplitBatch) -> torch.Tensor:
         """(rows, R): the value of the state before each response column (padding columns included)."""
-        size = batch.response.shape[1]
-        out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                            position_ids=batch.position_ids, use_cache=False, output_hidden_states=True,
-                            logits_to_keep=1)
-        hidden = out.hidden_states[-1][:, -(size + 1):-1]
+        if isinstance(batch, SplitBatch):  # the prompts' last state comes before each response's first token
+            first, rest = forward_split(self.backbone, batch, output_hidden_states=True)
+            hidden = torch.cat([first.hidden_states[-1][batch.rows, -1:], rest.hidden_states[-1][:, :-1]], dim=1)
+        else:
+            size = batch.response.shape[1]
+            out = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                                position_ids=batch.position_ids, use_cache=False, output_hidden_states=True,
+                                logits_to_keep=1)
+            hidden = out.hidden_states[-1][:, -(size + 1):-1]
         return self.head(hidden.float()).squeeze(-1)
 
 
@@ -247,8 +252,10 @@ def _apply_optim_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim
     scheduler._last_lr = [params["lr"] for params in optimizer.param_groups]
 
 
-def _batch(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> PaddedBatch:
-    return layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns], group.pad_id, group.device)
+def _batch(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> PaddedBatch | SplitBatch:
+    """The turns' rows, split into their distinct prompts and responses when sharing pays (as the policy's)."""
+    return split_turns(group, turns) or layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns],
+                                                     group.pad_id, group.device)
 
 
 def with_context(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> list[TrainTurn]:

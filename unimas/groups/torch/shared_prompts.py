@@ -6,16 +6,19 @@ A forward over a prompt costs in proportion to its rows, so each distinct
 prompt goes through the model once, with its key/value cache kept; the
 cache is then copied to every row that shares it, and each row goes on
 from there with its own tokens. Used by the sampling loop (the prefill)
-and by every log-prob forward of the update (policy, reference, recomputed
-old log-probs): there gradients flow back through the copies into the one
-prompt forward, summed over the rows that share it.
+and by every forward of the update (policy, KL reference and recomputed old
+log-probs, a critic's values): there gradients flow back through the copies
+into the one prompt forward, summed over the rows that share it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
+
+from unimas.groups.torch.layout import PaddedBatch, layout_batch
 
 
 def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], Optional[list[int]]]:
@@ -59,3 +62,48 @@ def split_forward(prompts: Sequence[list[int]]) -> Optional[tuple[list[list[int]
         return None
     saved = sum(map(len, prompts)) - sum(map(len, distinct))
     return (distinct, rows) if saved >= MIN_SAVED_TOKENS else None
+
+
+@dataclass
+class SplitBatch:
+    """``[prompt | response]`` rows as two forwards: the distinct prompts, then every response on a copy of its
+    prompt's cache (:func:`forward_split`)."""
+
+    prompts: PaddedBatch
+    """The distinct prompts, left-padded."""
+    rows: torch.Tensor
+    """Each row's index in ``prompts``."""
+    answers: PaddedBatch
+    """Every row's response, right-padded."""
+
+    @property
+    def response(self) -> torch.Tensor:
+        """The response ids, (rows, R), as :attr:`PaddedBatch.response`."""
+        return self.answers.response
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        """1.0 on real response tokens, (rows, R), as :attr:`PaddedBatch.response_mask`."""
+        return self.answers.response_mask
+
+
+def split_batch(distinct: list[list[int]], rows: list[int], responses: Sequence[list[int]], pad: int,
+                device: torch.device) -> SplitBatch:
+    return SplitBatch(layout_batch(distinct, [[]] * len(distinct), pad, device), torch.tensor(rows, device=device),
+                      layout_batch([[]] * len(responses), list(responses), pad, device))
+
+
+def forward_split(model: torch.nn.Module, batch: SplitBatch, **options: Any) -> tuple[Any, Any]:
+    """(the prompts' output, the responses' output). The prompts' last position predicts each response's first
+    token; the responses run on copies of their prompts' caches, positions continuing after the prompt. With
+    gradients on, they flow back through the copies into the one prompt forward. ``options`` go to both
+    forwards (e.g. ``output_hidden_states``)."""
+    prompts, rows, answers = batch.prompts, batch.rows, batch.answers
+    first = model(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
+                  position_ids=prompts.position_ids, use_cache=True, logits_to_keep=1, **options)
+    cache = copy_cache_rows(first.past_key_values, rows)
+    rest = model(input_ids=answers.input_ids,
+                 attention_mask=torch.cat([prompts.attention_mask[rows], answers.attention_mask], dim=1),
+                 position_ids=prompts.position_ids[rows, -1:] + 1 + answers.position_ids, past_key_values=cache,
+                 use_cache=True, **options)
+    return first, rest

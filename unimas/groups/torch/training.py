@@ -27,7 +27,7 @@ from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import TrainTurn
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch, pad_rows
-from unimas.groups.torch.shared_prompts import copy_cache_rows, split_forward
+from unimas.groups.torch.shared_prompts import SplitBatch, forward_split, split_batch, split_forward
 
 log = logging.getLogger(__name__)
 
@@ -100,42 +100,25 @@ def _response_logits(group: "TorchModelGroup", model: torch.nn.Module, turns: li
     When rows share prompts enough (:func:`split_forward`), each distinct prompt goes through the model once
     (:mod:`unimas.groups.torch.shared_prompts`); otherwise one ``[prompt | response]`` row per turn.
     """
-    shared = _shared_prompts(turns)
-    if shared is not None:
-        return _logits_after_shared_prompts(group, model, turns, *shared)
+    split = split_turns(group, turns)
+    if split is not None:  # the prompts' last logits predict each response's first token
+        first, rest = forward_split(model, split)
+        logits = torch.cat([first.logits[split.rows], rest.logits[:, :-1]], dim=1)
+        return logits, split.response, split.response_mask
     batch = _layout(group, turns)
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 use_cache=False, logits_to_keep=batch.response.shape[1] + 1)
     return out.logits[:, :-1], batch.response, batch.response_mask
 
 
-def _shared_prompts(turns: Sequence[TrainTurn]) -> Optional[tuple[list[list[int]], list[int]]]:
-    """(the distinct prompts, each turn's index among them) when :func:`split_forward` says sharing pays."""
+def split_turns(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> Optional[SplitBatch]:
+    """The turns as a :class:`SplitBatch` when :func:`split_forward` says sharing their prompts pays, else None."""
     if not all(t.response_ids for t in turns):
         return None
-    return split_forward([t.prompt_ids for t in turns])
-
-
-def _logits_after_shared_prompts(group: "TorchModelGroup", model: torch.nn.Module, turns: list[TrainTurn],
-                                 distinct: list[list[int]], shared: list[int]
-                                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`_response_logits` from one forward over the distinct prompts (its last logits predict each
-    response's first token) and one over the responses, each row on a copy of its prompt's cache.
-
-    With gradients on, they flow back through the copies into the one prompt forward: a prompt's gradient
-    is the sum over the rows that share it, as it is with one full row per turn.
-    """
-    prompts = layout_batch(distinct, [[]] * len(distinct), group.pad_id, group.device)
-    answers = layout_batch([[]] * len(turns), [t.response_ids for t in turns], group.pad_id, group.device)
-    rows = torch.tensor(shared, device=group.device)
-    first = model(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
-                  position_ids=prompts.position_ids, use_cache=True, logits_to_keep=1)
-    cache = copy_cache_rows(first.past_key_values, rows)
-    rest = model(input_ids=answers.input_ids, attention_mask=torch.cat([prompts.attention_mask[rows],
-                                                                         answers.attention_mask], dim=1),
-                 position_ids=prompts.position_ids[rows, -1:] + 1 + answers.position_ids, past_key_values=cache,
-                 use_cache=True)
-    return torch.cat([first.logits[rows], rest.logits[:, :-1]], dim=1), answers.response, answers.response_mask
+    plan = split_forward([t.prompt_ids for t in turns])
+    if plan is None:
+        return None
+    return split_batch(*plan, [t.response_ids for t in turns], group.pad_id, group.device)
 
 
 def _layout(group: "TorchModelGroup", turns: list[TrainTurn]):
@@ -162,7 +145,7 @@ def compute_reference_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTu
         model, adapters = group.model, [None] * len(turns)
     else:
         model, adapters = group.reference_model(), [t.adapter for t in turns]
-    if _shared_prompts(turns) is None:
+    if split_forward([t.prompt_ids for t in turns]) is None:
         _layout(group, list(turns))  # built outside inference mode, so that the policy pass reuses it
     with torch.inference_mode():
         reference = group.response_logprobs(model, turns, adapters)[0]
