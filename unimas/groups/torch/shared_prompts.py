@@ -54,7 +54,7 @@ saved) took 1.5 ×, the second forward's fixed cost outweighing what it skipped.
 
 
 def split_forward(prompts: Sequence[list[int]]) -> Optional[tuple[list[list[int]], list[int]]]:
-    """For a log-prob forward over ``[prompt | response]`` rows: (distinct prompts, each row's index) when
+    """For a forward over ``[prompt | response]`` rows (log-probs, values): (distinct prompts, each row's index) when
     forwarding the distinct prompts apart, then the responses on cache copies, is worth a second forward —
     at most half the prompts distinct, and :data:`MIN_SAVED_TOKENS` prompt tokens skipped; else None."""
     distinct, rows = distinct_prompts(prompts)
@@ -89,6 +89,7 @@ class SplitBatch:
 
 def split_batch(distinct: list[list[int]], rows: list[int], responses: Sequence[list[int]], pad: int,
                 device: torch.device) -> SplitBatch:
+    """The two layouts of :class:`SplitBatch` from :func:`split_forward`'s plan and each row's response ids."""
     return SplitBatch(layout_batch(distinct, [[]] * len(distinct), pad, device), torch.tensor(rows, device=device),
                       layout_batch([[]] * len(responses), list(responses), pad, device))
 
