@@ -162,24 +162,57 @@ def test_critic_values_and_their_gradients_through_shared_prompts_are_those_of_f
         group.critic.model.head.weight.normal_()
     turns = shared_turns(group, monkeypatch)
     model = group.critic.model
+    forwards = []
+    monkeypatch.setattr(shared_prompts, "forward_split", lambda *a, _f=shared_prompts.forward_split, **k:
+                        forwards.append(1) or _f(*a, **k))
+    monkeypatch.setattr(critic_lib, "forward_split", shared_prompts.forward_split)
 
-    def values_and_gradients() -> tuple[list[list[float]], torch.Tensor, list[torch.Tensor]]:
+    def values_and_gradients() -> tuple[list[list[float]], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         read = group.critic.values(group, turns, chunk=len(turns))
         model.zero_grad(set_to_none=True)
-        batch = critic_lib._batch(group, turns)
-        values = model(batch)
-        (values * batch.response_mask * torch.linspace(-1, 1, len(turns))[:, None]).sum().backward()
-        return read, values.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        values, mask = critic_lib._values(model, group, turns)
+        (values * mask * torch.linspace(-1, 1, len(turns))[:, None]).sum().backward()
+        return read, values.detach(), mask, [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
-    assert isinstance(critic_lib._batch(group, turns), shared_prompts.SplitBatch)
-    shared_read, shared_values, shared_grads = values_and_gradients()
+    shared_read, shared_values, mask, shared_grads = values_and_gradients()
+    assert len(forwards) == 2  # values() and the trained forward both split
     every_row(monkeypatch)
-    monkeypatch.setattr(critic_lib, "split_turns", lambda group, turns: None)
-    full_read, full_values, full_grads = values_and_gradients()
+    full_read, full_values, full_mask, full_grads = values_and_gradients()
+    assert len(forwards) == 2 and torch.equal(mask, full_mask)
     for shared, full in zip(shared_read, full_read):
         assert shared == pytest.approx(full, abs=1e-5)
-    mask = critic_lib._batch(group, turns).response_mask
     assert torch.allclose(shared_values * mask, full_values * mask, atol=1e-5)
     assert len(shared_grads) == len(full_grads) > 0
     for shared, full in zip(shared_grads, full_grads):
         assert same_gradient(shared, full)
+
+
+def test_a_model_whose_cache_rows_cannot_be_copied_computes_every_row(monkeypatch):
+    """Sampling, log-probs and critic values fall back to full rows and give the same answers."""
+    from tests.test_critic import critic_group
+
+    group = critic_group(seed=6)
+    turns = shared_turns(group, monkeypatch)
+    prompts = prompt_ids(group, SHARED)
+    config = gen(max_new=4, require_eos=False)
+
+    def answers():
+        with torch.inference_mode():
+            logp, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
+            values, _ = critic_lib._values(group.critic.model, group, turns)
+        return sample(group, prompts, config, greedy=True), logp * mask, values * mask
+
+    shared = answers()
+
+    refused = []
+
+    def unsharable(cache, rows):
+        refused.append(len(rows))
+        raise shared_prompts.UnsharableCache("no reorder_cache")
+
+    monkeypatch.setattr(sampling, "copy_cache_rows", unsharable)
+    monkeypatch.setattr(shared_prompts, "copy_cache_rows", unsharable)
+    full = answers()
+    assert refused == [len(turns), len(turns), len(prompts)]  # log-probs, values, sampling: each tried to share
+    assert shared[0][0] == full[0][0]  # the same greedy tokens
+    assert torch.allclose(shared[1], full[1], atol=1e-5) and torch.allclose(shared[2], full[2], atol=1e-5)

@@ -49,7 +49,7 @@ from unimas.groups.base import Critique, GroupSpec, TrainTurn
 from unimas.groups.torch import optimizer as optim_lib
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import PaddedBatch, layout_batch, pad_rows
-from unimas.groups.torch.shared_prompts import SplitBatch, forward_split
+from unimas.groups.torch.shared_prompts import SplitBatch, UnsharableCache, forward_split
 from unimas.groups.torch.training import minibatches, split_turns
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
@@ -141,7 +141,7 @@ class Critic:
         with torch.inference_mode():
             for begin in range(0, len(turns), chunk):
                 part = turns[begin: begin + chunk]
-                values = self.model(_batch(group, part)).tolist()
+                values = _values(self.model, group, part)[0].tolist()
                 rows.extend(row[: len(t.response_ids)] for row, t in zip(values, part))
         return rows
 
@@ -185,11 +185,10 @@ class Critic:
     def _step(self, group: "TorchModelGroup", turns: list[TrainTurn], old: list[list[float]],
               returns: list[list[float]]) -> dict[str, float]:
         """One AdamW step on verl's clipped value loss over one mini-batch; a non-finite step is dropped."""
-        batch = _batch(group, turns)
-        values = self.model(batch)
+        values, response_mask = _values(self.model, group, turns)
         width = values.shape[1]
         loss, clip_frac = algorithms.value_loss(values, pad_rows(old, width, self.device),
-                                                pad_rows(returns, width, self.device), batch.response_mask,
+                                                pad_rows(returns, width, self.device), response_mask,
                                                 self.config.value_clip, self.spec.algorithm.loss_agg_mode)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -252,10 +251,18 @@ def _apply_optim_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim
     scheduler._last_lr = [params["lr"] for params in optimizer.param_groups]
 
 
-def _batch(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> PaddedBatch | SplitBatch:
-    """The turns' rows, split into their distinct prompts and responses when sharing pays (as the policy's)."""
-    return split_turns(group, turns) or layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns],
-                                                     group.pad_id, group.device)
+def _values(model: ValueModel, group: "TorchModelGroup", turns: Sequence[TrainTurn]
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, response mask) of the turns: their distinct prompts forwarded once when sharing pays (as the
+    policy's log-probs are), else one full row per turn."""
+    split = split_turns(group, turns)
+    if split is not None:
+        try:
+            return model(split), split.response_mask
+        except UnsharableCache:  # a backbone whose cache rows cannot be copied
+            pass
+    batch = layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns], group.pad_id, group.device)
+    return model(batch), batch.response_mask
 
 
 def with_context(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> list[TrainTurn]:

@@ -17,7 +17,7 @@ tokens as an uninterrupted one.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -26,7 +26,7 @@ from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GenRequest, GenResult
 from unimas.groups.streaming import TextProgress
 from unimas.groups.torch.layout import layout_batch
-from unimas.groups.torch.shared_prompts import copy_cache_rows, distinct_prompts
+from unimas.groups.torch.shared_prompts import UnsharableCache, copy_cache_rows, distinct_prompts
 
 
 def logprobs_are_exact(gen: GenerationConfig, greedy: bool) -> bool:
@@ -130,21 +130,29 @@ def sample_tokens(
     The caller routes ``model`` to the right adapter and disables autograd.
     """
     device = logit_bias.device
-    distinct, shared = distinct_prompts(prompts)
-    batch = layout_batch(distinct, [[]] * len(distinct), pad_id, device)
+
+    def prefill(rows: Sequence[list[int]]) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
+        """(last logits, cache, attention mask, last position) after a forward over prompt ``rows``."""
+        batch = layout_batch(list(rows), [[]] * len(rows), pad_id, device)
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                    use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], out.past_key_values, batch.attention_mask, batch.position_ids[:, -1:]
+
     eos = torch.tensor(list(eos_ids), device=device)
     stopping = stops is not None and stops.active
-    mask, position = batch.attention_mask, batch.position_ids[:, -1:]
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     tokens, logprobs = [], []
     for listener in (listeners or {}).values():
         listener.start()
-    out = model(input_ids=batch.input_ids, attention_mask=mask, position_ids=batch.position_ids,
-                use_cache=True, logits_to_keep=1)
-    logits, cache = out.logits[:, -1], out.past_key_values
+    distinct, shared = distinct_prompts(prompts)
+    logits, cache, mask, position = prefill(distinct)
     if shared is not None:
         rows = torch.tensor(shared, device=device)
-        logits, mask, position, cache = logits[rows], mask[rows], position[rows], copy_cache_rows(cache, rows)
+        try:
+            cache = copy_cache_rows(cache, rows)
+            logits, mask, position = logits[rows], mask[rows], position[rows]
+        except UnsharableCache:  # a model whose cache rows cannot be copied: prefill every row
+            logits, cache, mask, position = prefill(prompts)
     for step in range(gen.max_new_tokens):
         token, logprob = pick_tokens(logits.float() + logit_bias, gen, greedy, generator)
         token = token.masked_fill(done, pad_id)

@@ -34,6 +34,10 @@ def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], Opt
     return [list(prompt) for prompt in index], rows
 
 
+class UnsharableCache(TypeError):
+    """The model returned no key/value cache whose rows can be copied: its callers compute every row's prompt."""
+
+
 def copy_cache_rows(cache: Any, rows: torch.Tensor) -> Any:
     """The key/value cache with row ``i`` taken from row ``rows[i]`` (rows repeat: one prefilled prompt feeds
     each row that shares it). transformers' caches do this for beam search (``reorder_cache``)."""
@@ -42,7 +46,7 @@ def copy_cache_rows(cache: Any, rows: torch.Tensor) -> Any:
         return cache
     if isinstance(cache, tuple):  # the legacy layout: per layer, (keys, values, ...) with the batch first
         return tuple(tuple(t.index_select(0, rows) for t in layer) for layer in cache)
-    raise TypeError(f"cannot copy rows of a {type(cache).__name__} key/value cache (no reorder_cache)")
+    raise UnsharableCache(f"cannot copy rows of a {type(cache).__name__} key/value cache (no reorder_cache)")
 
 
 MIN_SAVED_TOKENS = 256
@@ -98,7 +102,8 @@ def forward_split(model: torch.nn.Module, batch: SplitBatch, **options: Any) -> 
     """(the prompts' output, the responses' output). The prompts' last position predicts each response's first
     token; the responses run on copies of their prompts' caches, positions continuing after the prompt. With
     gradients on, they flow back through the copies into the one prompt forward. ``options`` go to both
-    forwards (e.g. ``output_hidden_states``)."""
+    forwards (e.g. ``output_hidden_states``). Raises :class:`UnsharableCache` (after the first forward) for a
+    model whose cache cannot be copied."""
     prompts, rows, answers = batch.prompts, batch.rows, batch.answers
     first = model(input_ids=prompts.input_ids, attention_mask=prompts.attention_mask,
                   position_ids=prompts.position_ids, use_cache=True, logits_to_keep=1, **options)

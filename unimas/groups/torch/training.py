@@ -27,7 +27,8 @@ from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import TrainTurn
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import layout_batch, pad_rows
-from unimas.groups.torch.shared_prompts import SplitBatch, forward_split, split_batch, split_forward
+from unimas.groups.torch.shared_prompts import (SplitBatch, UnsharableCache, forward_split, split_batch,
+                                                 split_forward)
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,14 @@ def _response_logits(group: "TorchModelGroup", model: torch.nn.Module, turns: li
     (:mod:`unimas.groups.torch.shared_prompts`); otherwise one ``[prompt | response]`` row per turn.
     """
     split = split_turns(group, turns)
-    if split is not None:  # the prompts' last logits predict each response's first token
-        first, rest = forward_split(model, split)
-        logits = torch.cat([first.logits[split.rows], rest.logits[:, :-1]], dim=1)
-        return logits, split.response, split.response_mask
+    if split is not None:
+        try:
+            first, rest = forward_split(model, split)
+        except UnsharableCache:  # a model whose cache rows cannot be copied: one full row per turn
+            pass
+        else:  # the prompts' last logits predict each response's first token
+            logits = torch.cat([first.logits[split.rows], rest.logits[:, :-1]], dim=1)
+            return logits, split.response, split.response_mask
     batch = _layout(group, turns)
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 use_cache=False, logits_to_keep=batch.response.shape[1] + 1)
