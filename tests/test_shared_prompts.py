@@ -30,6 +30,19 @@ def sample(group, prompts, config, greedy=False, seed=7):
                                       pad_id=group.pad_id, logit_bias=group.logit_bias, generator=group.generator)
 
 
+def input_shapes(model, monkeypatch) -> list[tuple[int, ...]]:
+    """The shape of ``input_ids`` of every forward ``model`` runs from now on (the list fills as it runs)."""
+    shapes = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", spy)
+    return shapes
+
+
 def test_distinct_prompts_index_every_row_and_say_none_when_all_differ():
     assert shared_prompts.distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([[1, 2], [3], [4]], [0, 1, 0, 1, 2])
     assert shared_prompts.distinct_prompts([[1], [1, 2], [2, 1]]) == ([[1], [1, 2], [2, 1]], None)
@@ -37,14 +50,7 @@ def test_distinct_prompts_index_every_row_and_say_none_when_all_differ():
 
 def test_the_prefill_forward_sees_each_distinct_prompt_once_and_decoding_sees_every_row(monkeypatch):
     group = make_group()
-    widths = []
-    forward = group.model.forward
-
-    def spy(*args, **kwargs):
-        widths.append(tuple(kwargs["input_ids"].shape))
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(group.model, "forward", spy)
+    widths = input_shapes(group.model, monkeypatch)
     prompts = prompt_ids(group, SHARED)
     tokens, logprobs = sample(group, prompts, gen(max_new=3, require_eos=False))
     longest = max(len(p) for p in prompts)
@@ -115,14 +121,7 @@ def shared_turns(group, monkeypatch):
 def test_log_probs_forward_the_distinct_prompts_once_and_equal_full_rows(monkeypatch):
     group = make_group(seed=2)
     turns = shared_turns(group, monkeypatch)
-    widths = []
-    forward = group.model.forward
-
-    def spy(*args, **kwargs):
-        widths.append(tuple(kwargs["input_ids"].shape))
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(group.model, "forward", spy)
+    widths = input_shapes(group.model, monkeypatch)
     with torch.inference_mode():
         shared, _, shared_mask = group.response_logprobs(group.model, turns, [None] * len(turns))
     assert widths[0][0] == 4 and widths[1][0] == len(turns)  # the 4 distinct prompts, then every response
