@@ -60,3 +60,21 @@ def test_unknown_consumed_node_is_rejected():
         assert "ghost" in str(exc)
     else:
         raise AssertionError("expected KeyError")
+
+
+def test_json_edges_are_the_graphs_without_building_it():
+    """to_json lists edges as networkx does (by source in node order, each once) without building the graph:
+    consumed out of node order and twice must still come out in the graph's order."""
+    def episode():
+        traj = GraphTrajectory(episode_id="e", task_id="t")
+        for node, consumed in (("a#0", []), ("b#0", ["a#0"]), ("c#0", ["b#0", "a#0", "b#0"]), ("d#0", ["c#0", "a#0"])):
+            traj.add_node(TurnNode(id=node, role=node[0], model_group="m", prompt=""), consumed)
+        return traj
+
+    unbuilt = episode()
+    line = unbuilt.to_json()
+    assert unbuilt._graph is None
+    built = episode()
+    expected = [[a, b] for a, b in built.graph.edges]
+    assert json.loads(line)["edges"] == expected == json.loads(built.to_json())["edges"]
+    assert expected == [["a#0", "b#0"], ["a#0", "c#0"], ["a#0", "d#0"], ["b#0", "c#0"], ["c#0", "d#0"]]

@@ -117,7 +117,7 @@ class EpisodeContext:
         if role not in self._roles:
             raise UserError(f"workflow asked for role '{role}', which the config does not declare", where="roles")
         spec = self._roles[role]
-        values = {**self.task, **{k: node_value(v) for k, v in variables.items()}}
+        values = {**self.task, **{k: node_value(v) for k, v in variables.items()}} if variables else self.task
         try:
             user_text = render(spec.template, values)
         except KeyError as missing:
@@ -145,7 +145,7 @@ class EpisodeContext:
             finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
             weight_version=result.weight_version, replayed=replayed is not None, rerendered=result.rerendered or None,
         )
-        self.trajectory.add_node(node, self._consumed([*after, *seen], variables))
+        self.trajectory.add_node(node, self._consumed([*after, *seen], variables) if after or seen or variables else ())
         if node.truncated and spec.truncation == "error":
             raise PromptTooLong(f"the prompt of role '{role}' ({len(node.prompt_ids)} tokens) does not fit model "
                                 f"group '{spec.model}' (roles.{role}.truncation: error)")

@@ -7,6 +7,7 @@ template can be checked statically and a value is never interpreted.
 
 from __future__ import annotations
 
+import functools
 import string
 from typing import Any, Mapping
 
@@ -25,9 +26,15 @@ def template_fields(template: str) -> list[str]:
     return names
 
 
+@functools.lru_cache(maxsize=256)
+def _pieces(template: str) -> tuple[tuple[str, str | None], ...]:
+    """(literal, field) pairs of a template, parsed once: a run renders its few role templates every turn."""
+    return tuple((literal, field) for literal, field, _, _ in _FORMATTER.parse(template))
+
+
 def render(template: str, values: Mapping[str, Any]) -> str:
     parts = []
-    for literal, field, _, _ in _FORMATTER.parse(template):
+    for literal, field in _pieces(template):
         parts.append(literal)
         if field is not None:
             if field not in values:

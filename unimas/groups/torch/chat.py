@@ -32,6 +32,7 @@ from typing import Any, Sequence
 from transformers import PreTrainedTokenizerBase
 
 from unimas.groups.base import Continuation
+from unimas.groups.torch.codec import encode_batch
 
 
 @dataclass
@@ -86,7 +87,7 @@ class PlainPromptIds:
             self._ids.clear()  # full: start over, keeping nothing this batch still needs from before
             new = distinct
         if new:
-            self._ids.update(zip(new, self.tokenizer(new, add_special_tokens=True)["input_ids"]))
+            self._ids.update(zip(new, encode_batch(self.tokenizer, new, add_special_tokens=True)))
         return [list(self._ids[text]) for text in texts]  # copies: callers own their lists
 
 
@@ -104,7 +105,7 @@ def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Template text already holds its special tokens (BOS, role markers): add none."""
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode_batch(tokenizer, [text], add_special_tokens=False)[0]
 
 
 ANSWER_PROBE = "\x00unimas-answer\x00"

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GenRequest, GenResult
 from unimas.groups.streaming import TextProgress
+from unimas.groups.torch.codec import decode_batch
 from unimas.groups.torch.layout import layout_batch
 from unimas.groups.torch.shared_prompts import UnsharableCache, copy_cache_rows, distinct_prompts
 
@@ -200,7 +201,7 @@ def to_results(
             limit = ends[r] or len(row)
             stopped[r] = next((i + 1 for i in range(limit) if stops.hit(r, row[: i + 1])), None)
     responses = [row[: stop or end or len(row)] for row, end, stop in zip(token_rows, ends, stopped)]
-    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    texts = decode_batch(tokenizer, responses)
     results = []
     for r, (text, ids, response, lps, end) in enumerate(zip(texts, prompt_ids, responses, logprob_rows, ends)):
         text, stop = stops.cut(r, text) if stopped[r] is not None else (text, None)
