@@ -155,7 +155,8 @@ class Floor:
         self.models = {name: copy.deepcopy(g.model) for name, g in groups.items()}
         self.refs = {name: copy.deepcopy(m).eval().requires_grad_(False) for name, m in self.models.items()} \
             if kl_coef > 0 else {}
-        self.optims = {name: torch.optim.AdamW(m.parameters(), lr=lr) for name, m in self.models.items()}
+        # the multi-tensor step, as unimas's optimiser takes it (torch's CPU default loops over the tensors)
+        self.optims = {name: torch.optim.AdamW(m.parameters(), lr=lr, foreach=True) for name, m in self.models.items()}
         self.pad = {name: g.tokenizer.pad_token_id for name, g in groups.items()}
         self.device = next(iter(groups.values())).device
 

@@ -160,8 +160,10 @@ class WeightVersions:
         kept: list[CreditedTurn] = []
         seen: dict[str, list[int]] = defaultdict(list)
         dropped: dict[str, int] = defaultdict(int)
+        owner = {name: role.model for name, role in self.config.roles.items()}
+        algorithms = {group: self.config.algorithm_for(group) for group in set(owner.values())}
         for c in credited:
-            group = self.config.roles[c.turn.role].model
+            group = owner[c.turn.role]
             if c.turn.staleness > 0:  # mixed in by replay (unimas/training/replay.py), on purpose: kept, as recorded
                 seen[group].append(c.turn.staleness)
                 kept.append(c)
@@ -170,7 +172,7 @@ class WeightVersions:
             staleness = 0 if version is None else self.versions[group] - version
             c.turn.staleness = staleness
             seen[group].append(staleness)
-            algorithm = self.config.algorithm_for(group)
+            algorithm = algorithms[group]
             if staleness > algorithm.max_staleness and algorithm.stale_turns == "drop":
                 dropped[group] += 1
             else:
@@ -185,7 +187,7 @@ class WeightVersions:
     def advance(self, trained: list[CreditedTurn], group_metrics: dict[str, float]) -> None:
         """Count the step's updates: a group's reported version, else one more for a group that returned
         update metrics without one (a backend that does not count); a group that was not updated keeps its."""
-        for group in {self.config.roles[c.turn.role].model for c in trained}:
+        for group in {self.config.roles[role].model for role in {c.turn.role for c in trained}}:
             reported = group_metrics.get(f"group/{group}/weight_version")
             if reported is not None:
                 self.versions[group] = int(reported)

@@ -77,16 +77,25 @@ def compute_logprobs(
     parts_lp, parts_ent, parts_mask, order = [], [], [], []
     for adapter, rows in by_adapter.items():
         sub = [turns[i] for i in rows]
-        temps = torch.tensor([t.temperature or 1.0 for t in sub], device=group.device)
+        temperatures = [t.temperature or 1.0 for t in sub]
         with group.route(model, adapter):
             logits, response, response_mask = _response_logits(group, model, sub)
-        logp_all = ((logits.float() + group.logit_bias) / temps[:, None, None]).log_softmax(-1)
-        pad = (0, width - response.shape[1])
-        parts_lp.append(torch.nn.functional.pad(logp_all.gather(-1, response[..., None]).squeeze(-1), pad))
-        parts_mask.append(torch.nn.functional.pad(response_mask, pad))
+        scaled = logits.float() + group.logit_bias
+        if any(t != 1.0 for t in temperatures):  # x / 1 is x: no division (and no autograd node) at T = 1
+            scaled = scaled / torch.tensor(temperatures, device=group.device)[:, None, None]
+        logp_all = scaled.log_softmax(-1)
+        missing = width - response.shape[1]
+
+        def padded(values: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.pad(values, (0, missing)) if missing else values
+
+        parts_lp.append(padded(logp_all.gather(-1, response[..., None]).squeeze(-1)))
+        parts_mask.append(padded(response_mask))
         if entropy:
-            parts_ent.append(torch.nn.functional.pad(-(logp_all.exp() * logp_all).sum(-1), pad))
+            parts_ent.append(padded(-(logp_all.exp() * logp_all).sum(-1)))
         order.extend(rows)
+    if len(by_adapter) == 1:  # one forward (no adapters, or one for every turn): rows in order, nothing padded
+        return parts_lp[0], parts_ent[0] if entropy else None, parts_mask[0]
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(len(order))
     inverse = inverse.to(group.device)
