@@ -190,6 +190,23 @@ def test_same_seed_same_samples_different_seed_different():
     assert first != [r.response_ids for r in a.generate(requests)]  # the generator advances
 
 
+def test_sampling_runs_in_eval_mode_even_after_something_left_train_mode_on():
+    """generate skips the eval() walk when the model is already in eval mode; a model left in train mode (with
+    dropout on, sampling would differ from a fresh group's) is still switched."""
+    def with_dropout() -> TorchModelGroup:
+        group = make_group(seed=1)
+        for module in group.model.modules():
+            if hasattr(module, "attention_dropout"):  # Qwen2 attention: applied only in train mode
+                module.attention_dropout = 0.5
+        return group
+
+    requests = [GenRequest(p, gen(8)) for p in PROMPTS * 3]
+    fresh = [r.response_ids for r in with_dropout().generate(requests)]
+    left_on = with_dropout()
+    left_on.model.train()
+    assert [r.response_ids for r in left_on.generate(requests)] == fresh
+    assert not left_on.model.training
+
 def test_streamed_rows_report_their_text_as_it_grows_and_sample_the_same():
     """Rows with a progress callback see their text grow to the result's text (a stop string never shown);
     the other rows cost nothing extra, and a batch samples the same tokens whether its rows stream or not."""
