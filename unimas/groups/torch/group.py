@@ -368,15 +368,11 @@ class TorchModelGroup(ModelGroup):
             stops = sampling.StopStrings(self.tokenizer, [requests[i].stop for i in run])
             token_rows, logprob_rows, version = self._sample(model, [prompts[i].ids for i in run], gen, greedy,
                                                              adapter, [requests[i] for i in run], stops)
-            sampled = sampling.to_results(self.tokenizer, [prompts[i].ids for i in run], token_rows, logprob_rows,
-                                          self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy), stops=stops)
+            sampled = sampling.to_results(self.tokenizer, [prompts[i] for i in run], token_rows, logprob_rows,
+                                          self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy),
+                                          weight_version=version, stops=stops, controls=("stop", "response_prefix"))
             for i, result in zip(run, sampled):
-                prompt, request = prompts[i], requests[i]
-                result.prompt_text, result.continued, result.truncated = prompt.text, prompt.continued, prompt.truncated
-                result.rerendered, result.forced_ids = prompt.rerendered, prompt.forced_ids
-                result.controls = ["stop", "response_prefix"]
-                result.weight_version = version
-                if request.token_texts:
+                if requests[i].token_texts:
                     result.token_texts = [self.tokenizer.decode([t]) for t in result.response_ids]
                 results[i] = result
         return results  # type: ignore[return-value]

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GenRequest, GenResult
 from unimas.groups.streaming import TextProgress
+from unimas.groups.torch.chat import RenderedPrompt
 from unimas.groups.torch.codec import decode_batch
 from unimas.groups.torch.layout import layout_batch
 from unimas.groups.torch.shared_prompts import UnsharableCache, copy_cache_rows, distinct_prompts
@@ -181,17 +182,23 @@ def sample_tokens(
 
 def to_results(
     tokenizer: PreTrainedTokenizerBase,
-    prompt_ids: Sequence[list[int]],
+    prompts: Sequence[RenderedPrompt],
     token_rows: Sequence[list[int]],
     logprob_rows: Sequence[list[float]],
     eos_ids: Sequence[int],
     exact: bool,
+    *,
+    weight_version: Optional[int] = None,
     stops: Optional[StopStrings] = None,
+    controls: Sequence[str] = (),
 ) -> list[GenResult]:
-    """Cut each row after its first EOS (kept: it is a trained token) and decode the text.
+    """Each row's result: cut after its first EOS (kept: it is a trained token), its text decoded, and what
+    its prompt says about itself (ids, text, continued, truncated, re-rendered, forced ids) carried over.
 
     With ``stops``, a row ends instead at the token that completed a stop
     string (kept: it was sampled), and its text ends before that string.
+    ``weight_version``: the weights that sampled the batch; ``controls``: the request controls the backend
+    applied (``GenResult.controls``).
     """
     eos_set = set(eos_ids)
     ends: list[Optional[int]] = [next((i + 1 for i, t in enumerate(row) if t in eos_set), None) for row in token_rows]
@@ -203,8 +210,12 @@ def to_results(
     responses = [row[: stop or end or len(row)] for row, end, stop in zip(token_rows, ends, stopped)]
     texts = decode_batch(tokenizer, responses)
     results = []
-    for r, (text, ids, response, lps, end) in enumerate(zip(texts, prompt_ids, responses, logprob_rows, ends)):
+    for r, (text, prompt, response, lps, end) in enumerate(zip(texts, prompts, responses, logprob_rows, ends)):
         text, stop = stops.cut(r, text) if stopped[r] is not None else (text, None)
-        results.append(GenResult(text=text, prompt_ids=ids, response_ids=response, logprobs=lps[: len(response)],
-                                 finished=end is not None and stopped[r] is None, logprobs_exact=exact, stop=stop))
+        results.append(GenResult(
+            text=text, prompt_ids=prompt.ids, response_ids=response, logprobs=lps[: len(response)],
+            finished=end is not None and stopped[r] is None, logprobs_exact=exact, stop=stop,
+            prompt_text=prompt.text, continued=prompt.continued, truncated=prompt.truncated,
+            rerendered=prompt.rerendered, forced_ids=prompt.forced_ids, controls=list(controls),
+            weight_version=weight_version))
     return results

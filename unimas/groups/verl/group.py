@@ -272,13 +272,10 @@ class VerlModelGroup(ModelGroup):
                     continue
                 ids = [rendered[k].ids for k in run]
                 tokens, logprobs = self.rollout.generate(ids, gen, greedy, self.eos_ids, self.pad_id)
-                sampled = sampling.to_results(self.tokenizer, ids, tokens, logprobs, self.eos_ids,
-                                              exact=sampling.logprobs_are_exact(gen, greedy))
+                sampled = sampling.to_results(self.tokenizer, [rendered[k] for k in run], tokens, logprobs,
+                                              self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy),
+                                              weight_version=self.rollout.weight_version)
                 for k, result in zip(run, sampled):
-                    prompt = rendered[k]
-                    result.prompt_text, result.continued, result.truncated = (prompt.text, prompt.continued,
-                                                                              prompt.truncated)
-                    result.weight_version = self.rollout.weight_version
                     results[members[k]] = result
         return results  # type: ignore[return-value]
 
