@@ -90,9 +90,11 @@ def test_a_legacy_tuple_cache_is_copied_row_by_row_and_an_unknown_one_is_refused
         shared_prompts.copy_cache_rows([keys], torch.tensor([0]))
 
 
-def every_row(monkeypatch) -> None:
-    """Every turn its own prompt: one full ``[prompt | response]`` row each (the path without sharing)."""
+def every_row(monkeypatch, group) -> None:
+    """Every turn its own prompt: one full ``[prompt | response]`` row each (the path without sharing). The
+    group forgets the batch it remembered for the last turns (``turn_batch``): that one was split."""
     monkeypatch.setattr(training, "split_forward", lambda prompts: None)
+    monkeypatch.setattr(group, "_remembered_batch", None, raising=False)
 
 
 def test_the_update_splits_its_forward_only_when_enough_prompt_tokens_are_shared():
@@ -125,7 +127,7 @@ def test_log_probs_forward_the_distinct_prompts_once_and_equal_full_rows(monkeyp
     with torch.inference_mode():
         shared, _, shared_mask = group.response_logprobs(group.model, turns, [None] * len(turns))
     assert widths[0][0] == 4 and widths[1][0] == len(turns)  # the 4 distinct prompts, then every response
-    every_row(monkeypatch)
+    every_row(monkeypatch, group)
     with torch.inference_mode():
         full, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
     assert widths[2][0] == len(turns) and len(widths) == 3  # one full row per turn
@@ -145,7 +147,7 @@ def test_gradients_through_shared_prompts_are_those_of_full_rows(monkeypatch):
         return logp.detach(), [p.grad.clone() for p in group.model.parameters() if p.grad is not None]
 
     shared_logp, shared_grads = gradients()
-    every_row(monkeypatch)
+    every_row(monkeypatch, group)
     full_logp, full_grads = gradients()
     assert torch.allclose(shared_logp, full_logp, atol=1e-5)
     assert len(shared_grads) == len(full_grads) > 0
@@ -175,7 +177,7 @@ def test_critic_values_and_their_gradients_through_shared_prompts_are_those_of_f
 
     shared_read, shared_values, mask, shared_grads = values_and_gradients()
     assert len(forwards) == 2  # values() and the trained forward both split
-    every_row(monkeypatch)
+    every_row(monkeypatch, group)
     full_read, full_values, full_mask, full_grads = values_and_gradients()
     assert len(forwards) == 2 and torch.equal(mask, full_mask)
     for shared, full in zip(shared_read, full_read):

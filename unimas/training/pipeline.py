@@ -146,8 +146,11 @@ class WeightVersions:
     """The trainer's count of each group's updates, and the staleness of turns measured against it."""
 
     def __init__(self, config: ExperimentConfig, versions: dict[str, int] | None = None):
-        self.config = config
         self.versions: dict[str, int] = defaultdict(int, versions or {})
+        self._owner = {name: role.model for name, role in config.roles.items()}
+        """Role -> the model group that trains it."""
+        self._algorithms = {group: config.algorithm_for(group) for group in config.models}
+        """Each group's algorithm settings (its overrides applied), read once per run, not once per turn."""
 
     def admit(self, credited: list[CreditedTurn]) -> tuple[list[CreditedTurn], dict[str, float]]:
         """Write each turn's staleness; drop turns past their group's bound (``stale_turns: drop``).
@@ -160,10 +163,8 @@ class WeightVersions:
         kept: list[CreditedTurn] = []
         seen: dict[str, list[int]] = defaultdict(list)
         dropped: dict[str, int] = defaultdict(int)
-        owner = {name: role.model for name, role in self.config.roles.items()}
-        algorithms = {group: self.config.algorithm_for(group) for group in set(owner.values())}
         for c in credited:
-            group = owner[c.turn.role]
+            group = self._owner[c.turn.role]
             if c.turn.staleness > 0:  # mixed in by replay (unimas/training/replay.py), on purpose: kept, as recorded
                 seen[group].append(c.turn.staleness)
                 kept.append(c)
@@ -172,7 +173,7 @@ class WeightVersions:
             staleness = 0 if version is None else self.versions[group] - version
             c.turn.staleness = staleness
             seen[group].append(staleness)
-            algorithm = algorithms[group]
+            algorithm = self._algorithms[group]
             if staleness > algorithm.max_staleness and algorithm.stale_turns == "drop":
                 dropped[group] += 1
             else:
@@ -187,7 +188,7 @@ class WeightVersions:
     def advance(self, trained: list[CreditedTurn], group_metrics: dict[str, float]) -> None:
         """Count the step's updates: a group's reported version, else one more for a group that returned
         update metrics without one (a backend that does not count); a group that was not updated keeps its."""
-        for group in {self.config.roles[role].model for role in {c.turn.role for c in trained}}:
+        for group in {self._owner[role] for role in {c.turn.role for c in trained}}:
             reported = group_metrics.get(f"group/{group}/weight_version")
             if reported is not None:
                 self.versions[group] = int(reported)

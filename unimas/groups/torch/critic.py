@@ -48,9 +48,9 @@ from unimas.groups import role_gae
 from unimas.groups.base import Critique, GroupSpec, TrainTurn
 from unimas.groups.torch import optimizer as optim_lib
 from unimas.groups.torch.chars import check_known
-from unimas.groups.torch.layout import PaddedBatch, layout_batch, pad_rows
+from unimas.groups.torch.layout import PaddedBatch, pad_rows
 from unimas.groups.torch.shared_prompts import SplitBatch, UnsharableCache, forward_split
-from unimas.groups.torch.training import minibatches, split_turns
+from unimas.groups.torch.training import full_rows, minibatches, turn_batch
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
 if TYPE_CHECKING:
@@ -255,13 +255,12 @@ def _values(model: ValueModel, group: "TorchModelGroup", turns: Sequence[TrainTu
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, response mask) of the turns: their distinct prompts forwarded once when sharing pays (as the
     policy's log-probs are), else one full row per turn."""
-    split = split_turns(group, turns)
-    if split is not None:
+    batch = turn_batch(group, turns)
+    if isinstance(batch, SplitBatch):
         try:
-            return model(split), split.response_mask
+            return model(batch), batch.response_mask
         except UnsharableCache:  # a backbone whose cache rows cannot be copied
-            pass
-    batch = layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns], group.pad_id, group.device)
+            batch = full_rows(group, turns)
     return model(batch), batch.response_mask
 
 

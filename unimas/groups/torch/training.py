@@ -26,7 +26,7 @@ from unimas.algorithms import functions as algorithms
 from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import TrainTurn
 from unimas.groups.torch.chars import check_known
-from unimas.groups.torch.layout import layout_batch, pad_rows
+from unimas.groups.torch.layout import PaddedBatch, layout_batch, pad_rows
 from unimas.groups.torch.shared_prompts import (SplitBatch, UnsharableCache, forward_split, split_batch,
                                                  split_forward)
 
@@ -84,15 +84,10 @@ def compute_logprobs(
         if any(t != 1.0 for t in temperatures):  # x / 1 is x: no division (and no autograd node) at T = 1
             scaled = scaled / torch.tensor(temperatures, device=group.device)[:, None, None]
         logp_all = scaled.log_softmax(-1)
-        missing = width - response.shape[1]
-
-        def padded(values: torch.Tensor) -> torch.Tensor:
-            return torch.nn.functional.pad(values, (0, missing)) if missing else values
-
-        parts_lp.append(padded(logp_all.gather(-1, response[..., None]).squeeze(-1)))
-        parts_mask.append(padded(response_mask))
+        parts_lp.append(_right_pad(logp_all.gather(-1, response[..., None]).squeeze(-1), width))
+        parts_mask.append(_right_pad(response_mask, width))
         if entropy:
-            parts_ent.append(padded(-(logp_all.exp() * logp_all).sum(-1)))
+            parts_ent.append(_right_pad(-(logp_all.exp() * logp_all).sum(-1), width))
         order.extend(rows)
     if len(by_adapter) == 1:  # one forward (no adapters, or one for every turn): rows in order, nothing padded
         return parts_lp[0], parts_ent[0] if entropy else None, parts_mask[0]
@@ -103,23 +98,28 @@ def compute_logprobs(
     return torch.cat(parts_lp)[inverse], ent, torch.cat(parts_mask)[inverse]
 
 
+def _right_pad(values: torch.Tensor, width: int) -> torch.Tensor:
+    """(rows, width): ``values`` with zero columns on the right; no copy when they are that wide already."""
+    missing = width - values.shape[1]
+    return torch.nn.functional.pad(values, (0, missing)) if missing else values
+
+
 def _response_logits(group: "TorchModelGroup", model: torch.nn.Module, turns: list[TrainTurn]
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(the logits that predict each response token, (rows, R, V); the response ids; their mask).
 
-    When rows share prompts enough (:func:`split_forward`), each distinct prompt goes through the model once
+    When rows share prompts enough (:func:`split_turns`), each distinct prompt goes through the model once
     (:mod:`unimas.groups.torch.shared_prompts`); otherwise one ``[prompt | response]`` row per turn.
     """
-    split = split_turns(group, turns)
-    if split is not None:
+    batch = turn_batch(group, turns)
+    if isinstance(batch, SplitBatch):
         try:
-            first, rest = forward_split(model, split)
+            first, rest = forward_split(model, batch)
         except UnsharableCache:  # a model whose cache rows cannot be copied: one full row per turn
-            pass
+            batch = full_rows(group, turns)
         else:  # the prompts' last logits predict each response's first token
-            logits = torch.cat([first.logits[split.rows], rest.logits[:, :-1]], dim=1)
-            return logits, split.response, split.response_mask
-    batch = _layout(group, turns)
+            logits = torch.cat([first.logits[batch.rows], rest.logits[:, :-1]], dim=1)
+            return logits, batch.response, batch.response_mask
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                 use_cache=False, logits_to_keep=batch.response.shape[1] + 1)
     return out.logits[:, :-1], batch.response, batch.response_mask
@@ -135,16 +135,22 @@ def split_turns(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> Optiona
     return split_batch(*plan, [t.response_ids for t in turns], group.pad_id, group.device)
 
 
-def _layout(group: "TorchModelGroup", turns: list[TrainTurn]):
-    """The padded batch of exactly these turn objects, remembered once: a mini-batch's reference pass reuses
-    its policy pass's layout instead of building it again. Only batches built outside inference mode are
-    remembered (an inference tensor cannot enter a later pass that records gradients)."""
-    remembered = getattr(group, "_remembered_layout", None)
+def full_rows(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> PaddedBatch:
+    """The turns as one ``[prompt | response]`` row each."""
+    return layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns], group.pad_id, group.device)
+
+
+def turn_batch(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> PaddedBatch | SplitBatch:
+    """The batch of exactly these turn objects — split (:func:`split_turns`) when sharing their prompts pays,
+    else :func:`full_rows` — remembered once: a mini-batch's policy pass reuses the batch its reference pass
+    built, and neither decides the split again. Only batches built outside inference mode are remembered (an
+    inference tensor cannot enter a later pass that records gradients)."""
+    remembered = getattr(group, "_remembered_batch", None)
     if remembered is not None and len(remembered[0]) == len(turns) and all(map(operator.is_, remembered[0], turns)):
         return remembered[1]
-    batch = layout_batch([t.prompt_ids for t in turns], [t.response_ids for t in turns], group.pad_id, group.device)
+    batch = split_turns(group, turns) or full_rows(group, turns)
     if not torch.is_inference_mode_enabled():
-        group._remembered_layout = (turns, batch)
+        group._remembered_batch = (list(turns), batch)
     return batch
 
 
@@ -159,8 +165,7 @@ def compute_reference_logprobs(group: "TorchModelGroup", turns: Sequence[TrainTu
         model, adapters = group.model, [None] * len(turns)
     else:
         model, adapters = group.reference_model(), [t.adapter for t in turns]
-    if split_forward([t.prompt_ids for t in turns]) is None:
-        _layout(group, list(turns))  # built outside inference mode, so that the policy pass reuses it
+    turn_batch(group, turns)  # built outside inference mode, so that the policy pass reuses it
     with torch.inference_mode():
         reference = group.response_logprobs(model, turns, adapters)[0]
     return reference.clone()
