@@ -16,7 +16,11 @@ controller; their ratio is against the same synchronous in-process loop
 (CPU is not counted for them: it is spent in the actors).
 
 Throughput is trained tokens per second of wall time over the steps (sum of
-``group/<g>/tokens`` / elapsed, the pipeline's warm-up included). Final
+``group/<g>/tokens`` / elapsed, the pipeline's warm-up included). Beside its
+ratio stands the ratio of steps per second (sync run time / async run time):
+the variants take the same steps and episodes, but where answers can end
+early their lengths drift apart as the policies do, and tokens/s would count
+an async run's longer answers as speed. Final
 reward is the mean ``reward/mean`` of the last quarter of the steps.
 CPU s per 1000 trained tokens (this process, all threads, plus its rollout
 processes, whose share is shown apart) shows whether the pipeline adds work
@@ -213,7 +217,9 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
              f"{machine_line(args.threads)}.",
              "",
              "tokens/s = trained tokens / wall time of the run; ratio = async / sync of the same seed "
-             "(median, min-max); final reward = mean reward/mean over the last quarter of the steps (mean ± std "
+             "(median, min-max); steps/s vs sync = sync run time / async run time of the same seed (both runs "
+             "take the same steps and episodes; unlike tokens/s, longer answers in one run do not count as "
+             "speed); final reward = mean reward/mean over the last quarter of the steps (mean ± std "
              "over seeds); CPU s counts this process and its rollout processes (their start-up, excluded from the "
              "timed steps, left out); weight sync = "
              "mean group/<g>/weight_sync_s (the copy), in brackets weight_sync_wait_s (the update waiting for a "
@@ -226,6 +232,7 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
         sync = {r["seed"]: r for r in runs.get((0, False, False), [])}
         for (staleness, process, on_ray), mine in runs.items():
             ratios = [r["tokens_per_s"] / sync[r["seed"]]["tokens_per_s"] for r in mine if r["seed"] in sync]
+            step_ratios = [sync[r["seed"]]["elapsed_s"] / r["elapsed_s"] for r in mine if r["seed"] in sync]
             rewards = [r["final_reward"] for r in mine]
             spread = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
             syncs = [(r["weight_sync_ms"], r["weight_sync_wait_ms"]) for r in mine if r["weight_sync_ms"] is not None]
@@ -233,17 +240,23 @@ def report(args: argparse.Namespace, results: list[dict]) -> str:
             replica_cpu = [r["replica_cpu_s_per_ktoken"] for r in mine if r["replica_cpu_s_per_ktoken"] is not None]
             rows.append([task, variant_name(staleness, process, on_ray), median(r["elapsed_s"] for r in mine),
                          median(r["tokens_per_s"] for r in mine),
-                         f"{median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-",
+                         spread_of(ratios), spread_of(step_ratios),
                          f"{statistics.fmean(rewards):.3f} ± {spread:.3f}",
                          median(r["staleness_mean"] for r in mine), median(cpu) if cpu else "-",
                          median(replica_cpu) if process and replica_cpu else "-",
                          f"{median(c for c, _ in syncs):.2f} ({median(w for _, w in syncs):.2f})" if syncs else "-",
                          f"{median(r['overlap_bound'] for r in mine):.2f}×" if not (staleness or process) else "-"])
     lines.append(markdown_table(["task", "max_staleness", "run s", "trained tokens/s", "ratio vs sync",
+                                 "steps/s vs sync",
                                  "final reward", "mean staleness", "CPU s / 1k tokens", "of which replicas",
                                  "weight sync ms (wait)",
                                  "overlap bound"], rows))
     return "\n".join(lines)
+
+
+def spread_of(ratios: list[float]) -> str:
+    """``median× (min-max)`` of per-seed ratios, or ``-`` when there are none."""
+    return f"{median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else "-"
 
 
 def main(argv=None) -> int:

@@ -138,6 +138,8 @@ def test_the_async_benchmark_runs():
     assert [(row[0], row[1]) for row in rows] == [(t, s) for t in ("2-role", "3-role")
                                                   for s in ("0", "1", "2", "1 + process")]
     assert all(float(row[3].replace(",", "")) > 0 for row in rows)  # trained tokens/s
+    assert all(row[5] == "1.00× (1.00-1.00)" for row in rows if row[1] == "0")  # steps/s: sync against itself
+    assert all(float(row[5].split("×")[0]) > 0 for row in rows)
 
 
 def test_batched_grpo_advantages_are_verls_bit_for_bit():
