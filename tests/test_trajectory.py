@@ -78,3 +78,18 @@ def test_json_edges_are_the_graphs_without_building_it():
     expected = [[a, b] for a, b in built.graph.edges]
     assert json.loads(line)["edges"] == expected == json.loads(built.to_json())["edges"]
     assert expected == [["a#0", "b#0"], ["a#0", "c#0"], ["a#0", "d#0"], ["b#0", "c#0"], ["c#0", "d#0"]]
+
+
+def test_an_integer_too_long_to_print_is_noted_not_a_failed_write(tmp_path):
+    """A workflow or tool may return an integer past Python's int-to-str digit limit; the episode's line is
+    still written, with the number replaced by a note of its size, and everything else kept."""
+    huge = 7 ** 20_000  # 56,150 bits: str() refuses it
+    traj = sample()
+    traj.outcome = {"answer": huge, "nested": [{huge: Verdict(True, [huge])}], "fine": 12}
+    traj.node("tool:calc#0").result = huge
+    write_jsonl(tmp_path / "t.jsonl", [traj])
+    again = read_jsonl(tmp_path / "t.jsonl")[0]
+    note = f"<an integer of {huge.bit_length()} bits>"
+    assert again.outcome == {"answer": note, "nested": [{note: {"ok": True, "why": [note]}}], "fine": 12}
+    assert again.node("tool:calc#0").result == note
+    assert again.node("solver#0").response_ids == [4, 5]

@@ -226,7 +226,11 @@ class GraphTrajectory:
         rather than as its repr.
         """
         nodes = [{name: getattr(node, name) for name in _FIELD_NAMES[type(node)]} for node in self._in_order]
-        return json.dumps(self._as_data(nodes), separators=(",", ":"), default=_json_default)
+        data = self._as_data(nodes)
+        try:
+            return json.dumps(data, separators=(",", ":"), default=_json_default)
+        except ValueError:  # an integer too long to print (Python's digit limit) in what user code returned
+            return json.dumps(_printable(data), separators=(",", ":"), default=_json_default)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "GraphTrajectory":
@@ -266,6 +270,25 @@ def _json_default(value: Any) -> Any:
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)
     return str(value)
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with every integer too long for ``str`` (Python's int-to-str digit limit) written as a note of
+    its size: a workflow's outcome or a tool's result may hold one, and the episode's line must still be
+    written rather than fail the step that writes it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            str(value)
+        except ValueError:
+            return f"<an integer of {value.bit_length()} bits>"
+        return value
+    if isinstance(value, dict):
+        return {_printable(key): _printable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_printable(item) for item in value]
+    if is_dataclass(value) and not isinstance(value, type):
+        return _printable(asdict(value))
+    return value
 
 
 def write_jsonl(path, trajectories: Iterable[GraphTrajectory], mode: str = "a") -> None:

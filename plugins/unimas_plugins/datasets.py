@@ -32,8 +32,9 @@ def jsonl(split: str, seed: int, path: str, eval_path: str | None = None) -> lis
             continue
         try:
             task = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+        except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or an integer past the digit limit
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else (
+                "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
             raise UserError(f"line {number} is not JSON: {reason}", where=str(chosen)) from None
         if not isinstance(task, dict):
             raise UserError(f"line {number} must be a JSON object like {{\"question\": ...}}, got "

@@ -10,8 +10,9 @@ covers synthetic tasks, then ``math_verify``'s parse + verify
 (``\\frac{1}{2}``, ``\\boxed{...}``, ``$...$``, ``2\\sqrt{2}``, sets, ...).
 ``math_verify`` bounds its sympy work with ``SIGALRM``; that is only
 possible on the main thread with no other timer running (e.g. a unimas tool
-timer), so elsewhere it runs without a timer and inputs are capped at
-``MAX_CHARS`` instead.
+timer). Elsewhere nothing could stop sympy on a short hostile answer
+(``2^{10^{10}}``, ``(10^{10})!``, a product of a dozen binomials), so there
+only plain numbers and identical strings are compared.
 """
 
 from __future__ import annotations
@@ -74,11 +75,11 @@ def _too_deep(text: str) -> bool:
 
 
 def _symbolic(text: str) -> list:
-    if _too_deep(text):
+    timeout = _timeout()
+    if timeout is None or _too_deep(text):
         return []
     try:
         from math_verify import parse
-        timeout = _timeout()
         # math_verify reads LaTeX inside $...$ or \boxed{}: a bare answer ("1/2", "\frac12") is wrapped first.
         delimited = "$" in text or "\\boxed" in text or "\\(" in text or "\\[" in text
         candidates = [text] if delimited else [f"${text}$", text]
@@ -93,9 +94,14 @@ def _symbolic(text: str) -> list:
 
 
 def readable(value: Any) -> bool:
-    """The answer is a number or an expression the symbolic checker can read."""
+    """The answer is a number or an expression the symbolic checker can read.
+
+    ``math_verify.parse`` returns the bare string when it reads nothing (``$???$`` -> ``['???']``): that is
+    not an expression, or any garbage would earn the format reward.
+    """
     text = _text(value)
-    return bool(text) and (plain_number(text) is not None or bool(_symbolic(text)))
+    return bool(text) and (plain_number(text) is not None
+                           or any(not isinstance(item, str) for item in _symbolic(text)))
 
 
 def equivalent(produced: Any, expected: Any) -> bool:

@@ -19,6 +19,11 @@ import unimas
 from unimas import ParseError
 
 NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d+)?|\.\d+)(?:/\d+)?")
+BRACE = re.compile(r"[{}]")
+JSON_OPENING = re.compile(r'\{(?=\s*["}])')
+FENCE_LANGUAGE = re.compile(r"[\w+-]*")
+MAX_JSON_ATTEMPTS = 64
+"""Most ``{`` positions the ``json`` parser decodes from before it gives up."""
 
 
 def regex(pattern: str) -> Callable[[str], str]:
@@ -52,35 +57,66 @@ def tagged(tag: str = "answer") -> Callable[[str], str]:
     return parse
 
 
+def last_balanced(text: str, marker: str) -> str | None:
+    """The stripped content of the last ``marker`` (ending in ``{``) whose brace is closed; None when none is.
+
+    One pass pairs every brace with a stack, so a text full of unclosed markers costs linear time rather
+    than one scan to the end per marker.
+    """
+    closing: dict[int, int] = {}
+    opened: list[int] = []
+    for found in BRACE.finditer(text):
+        if found.group() == "{":
+            opened.append(found.start())
+        elif opened:
+            closing[opened.pop()] = found.start()
+    start = text.rfind(marker)
+    while start != -1:
+        brace = start + len(marker) - 1
+        if brace in closing:
+            return text[brace + 1:closing[brace]].strip()
+        start = text.rfind(marker, 0, start)  # unbalanced: try an earlier one
+    return None
+
+
 def boxed() -> Callable[[str], str]:
     """The content of the last ``\\boxed{...}`` with balanced braces (``\\boxed{\\frac{1}{2}}`` -> ``\\frac{1}{2}``)."""
 
     def parse(text: str) -> str:
-        start = text.rfind("\\boxed{")
-        while start != -1:
-            depth, begin = 0, start + len("\\boxed{")
-            for index in range(begin, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[index], 0)
-                if depth < 0:
-                    return text[begin:index].strip()
-            start = text.rfind("\\boxed{", 0, start)  # unbalanced: try an earlier one
-        raise ParseError("no complete \\boxed{...} in the output")
+        content = last_balanced(text, "\\boxed{")
+        if content is None:
+            raise ParseError("no complete \\boxed{...} in the output")
+        return content
 
     return parse
 
 
 def json_object(required: list[str] | None = None) -> Callable[[str], dict[str, Any]]:
-    """The first JSON object in the output that parses and has every ``required`` key."""
+    """The first JSON object in the output that parses and has every ``required`` key.
+
+    Only a ``{`` followed by a key or ``}`` can open an object, and at most :data:`MAX_JSON_ATTEMPTS` of
+    them are decoded: each attempt may read to the end of the text, so trying every ``{`` of a long text
+    took quadratic time. Nesting past Python's recursion limit and integers past its digit limit are parse
+    errors.
+    """
     keys = list(required or [])
     decoder = json.JSONDecoder()
 
     def parse(text: str) -> dict[str, Any]:
         problem = "no JSON object in the output"
-        for start in (i for i, char in enumerate(text) if char == "{"):
+        for attempt, opening in enumerate(JSON_OPENING.finditer(text)):
+            if attempt == MAX_JSON_ATTEMPTS:
+                raise ParseError(f"{problem} (gave up after {MAX_JSON_ATTEMPTS} candidate objects)")
             try:
-                value, _ = decoder.raw_decode(text, start)
+                value, _ = decoder.raw_decode(text, opening.start())
             except json.JSONDecodeError as exc:
                 problem = f"JSON object is not valid: {exc.msg}"
+                continue
+            except RecursionError:
+                problem = "JSON object is nested too deeply"
+                continue
+            except ValueError as exc:  # e.g. an integer longer than Python's digit limit
+                problem = f"JSON object is not valid: {exc}"
                 continue
             missing = [key for key in keys if key not in value]
             if not missing:
@@ -92,16 +128,27 @@ def json_object(required: list[str] | None = None) -> Callable[[str], dict[str, 
 
 
 def code_block(language: str | None = None) -> Callable[[str], str]:
-    """The body of the first fenced code block (```lang ... ```), of ``language`` when given."""
-    fence = re.compile(r"```([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+    """The body of the first fenced code block (```lang ... ```), of ``language`` when given.
+
+    Fences are found with ``str.find`` (the opening line, then the next fence), not one regex, whose
+    backtracking over a long fence line without a newline took quadratic time.
+    """
 
     def parse(text: str) -> str:
-        for match in fence.finditer(text):
-            if language is None or match.group(1).lower() == language.lower():
-                return match.group(2)
+        position = 0
+        while (opening := text.find("```", position)) != -1:
+            line_end = text.find("\n", opening + 3)
+            closing = text.find("```", line_end + 1) if line_end != -1 else -1
+            if closing == -1:
+                break
+            info = FENCE_LANGUAGE.match(text, opening + 3).group()
+            if language is None or info.lower() == language.lower():
+                return text[line_end + 1:closing]
+            position = closing + 3
         if "```" in text:
             raise ParseError("code fence is not terminated" if text.count("```") % 2 else
-                             f"no ```{language} block in the output")
+                             f"no ```{language} block in the output" if language else
+                             "no complete fenced code block in the output")
         raise ParseError("no fenced code block in the output")
 
     return parse

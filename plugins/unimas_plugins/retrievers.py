@@ -36,6 +36,8 @@ from typing import Any
 import unimas
 
 MAX_K = 50
+MAX_SELECTION_DIGITS = 6
+DIGITS = re.compile(r"\d+")
 _INDEXES: dict[tuple, tuple[Any, list[dict]]] = {}
 _LOCK = threading.Lock()
 
@@ -130,8 +132,10 @@ def load_corpus(path: str | Path) -> list[dict]:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RetrievalError(f"corpus {str(path)!r} line {number} is not JSON: {exc.msg}") from None
+        except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or a too-long integer
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else (
+                "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
+            raise RetrievalError(f"corpus {str(path)!r} line {number} is not JSON: {reason}") from None
         if not isinstance(row, dict) or not isinstance(row.get("text"), str):
             raise RetrievalError(f"corpus {str(path)!r} line {number} must be an object with a string 'text'")
         passages.append({"id": str(row.get("id", number)), "title": str(row.get("title", "")), "text": row["text"]})
@@ -168,7 +172,7 @@ def _index(corpus: str | None, world_seed: int, people: int) -> tuple[Any, list[
 def _k(k: Any) -> int:
     try:
         value = int(k)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: k = inf
         raise RetrievalError(f"k must be an integer, got {k!r}") from None
     if not 1 <= value <= MAX_K:
         raise RetrievalError(f"k must be between 1 and {MAX_K}, got {value}")
@@ -262,11 +266,15 @@ async def http_search(query: str, k: int = 3, url: str | None = None, timeout_s:
 # -- evidence ---------------------------------------------------------------------------------------
 
 def _selected(selection: Any, count: int) -> list[int]:
-    """1-based passage numbers named in a selector's output ("2", "1, 3", "[1][3]"), valid ones only."""
-    if isinstance(selection, (list, tuple)):
-        numbers = [int(n) for n in selection if isinstance(n, int) or (isinstance(n, str) and n.isdigit())]
-    else:
-        numbers = [int(n) for n in re.findall(r"\d+", str(selection or ""))]
+    """1-based passage numbers named in a selector's output ("2", "1, 3", "[1][3]"), valid ones only.
+
+    A digit run longer than :data:`MAX_SELECTION_DIGITS` names no passage and is skipped: ``int`` of it could
+    pass Python's digit limit and raise. So is a string like ``"²"`` (``str.isdigit`` yet not a number).
+    """
+    items = selection if isinstance(selection, (list, tuple)) else DIGITS.findall(str(selection or ""))
+    numbers = [item if isinstance(item, int) else int(item) for item in items
+               if isinstance(item, int) or (isinstance(item, str) and len(item) <= MAX_SELECTION_DIGITS
+                                            and DIGITS.fullmatch(item))]
     return list(dict.fromkeys(n for n in numbers if 1 <= n <= count))
 
 

@@ -16,6 +16,7 @@ size and turns any unexpected exception into that request's 500.
 from __future__ import annotations
 
 import hmac
+import secrets
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -34,6 +35,16 @@ Lookup = Callable[[str | None], "Episode | Serving"]
 """Episode key (None: the plain ``/v1`` prefix) -> its session; raises GatewayError(404) when there is none."""
 
 
+def id_prefix(session: Episode | Serving) -> str:
+    """What a completion or response id puts before the turn id, so that ids never repeat within a session.
+
+    An episode's turn ids are unique within it: its key is the prefix. A served request is a one-turn episode
+    of its own, whose turn id is always ``<role>#0``: without a fresh random prefix every answer would share
+    one id, and a ``previous_response_id`` would continue whichever client's conversation was answered last.
+    """
+    return f"{session.key}:" if isinstance(session, Episode) else f"{secrets.token_hex(8)}:"
+
+
 def build_app(lookup: Lookup, roles: list[str], token: str | None, hosts: frozenset[str] | None = None,
               episode_token: Callable[[str], str | None] | None = None) -> FastAPI:
     """``token``: the bearer token every request must carry (None = no check: loopback only).
@@ -50,7 +61,8 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None, hosts: frozen
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
-        error = GatewayError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code="not_found")
+        code = "method_not_allowed" if exc.status_code == 405 else "not_found"
+        error = GatewayError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=code)
         return JSONResponse(error.body(), status_code=exc.status_code)
 
     def checked(request: Request, key: str | None) -> Episode | Serving:
@@ -73,7 +85,7 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None, hosts: frozen
     async def chat(request: Request, key: str | None = None) -> dict | StreamingResponse:
         session = checked(request, key)
         call = parse_chat(parse_json(await request.body()), set(roles), sampling=isinstance(session, Serving))
-        prefix = f"{session.key}:" if isinstance(session, Episode) else ""
+        prefix = id_prefix(session)
 
         def answer(turn: TurnNode) -> dict:
             return completion(turn, f"chatcmpl-{prefix}{turn.id}", tools=bool(call.tools), call=call)
@@ -89,7 +101,7 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None, hosts: frozen
         session = checked(request, key)
         body = parse_json(await request.body())
         call = parse_responses(body, set(roles), isinstance(session, Serving), session.responses)
-        prefix = f"{session.key}:" if isinstance(session, Episode) else ""
+        prefix = id_prefix(session)
 
         def answer(turn: TurnNode) -> dict:
             return response_object(turn, call, f"resp-{prefix}{turn.id}", session.responses, body)

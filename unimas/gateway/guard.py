@@ -14,6 +14,8 @@ An ASGI middleware (:class:`Guard`) around the whole app:
   as it arrives and refused the moment it passes the limit. The server
   reads a body only as fast as the route consumes it, so a huge body never
   sits in memory.
+* **A client that goes away** while its body is read is not answered
+  (there is nobody to answer) nor logged as a failure.
 * **Anything else** — an exception no route turned into an answer becomes
   a 500 OpenAI-style error for that request alone (logged with its
   traceback); the server, the episode's loop and the run go on.
@@ -25,6 +27,8 @@ import ipaddress
 import json
 import logging
 from typing import Any, Awaitable, Callable
+
+from starlette.requests import ClientDisconnect
 
 from unimas.gateway.errors import GatewayError
 
@@ -121,6 +125,8 @@ class Guard:
 
         try:
             await self.app(scope, counted, watched)
+        except ClientDisconnect:  # the client went away mid-body: nobody to answer, and no fault of the gateway
+            return
         except Exception as exc:  # noqa: BLE001 - one request's failure is that request's answer, never the run's
             if not isinstance(exc, GatewayError):
                 log.warning("gateway: %s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)

@@ -166,10 +166,11 @@ def parse_role(body: dict[str, Any], roles: set[str]) -> str:
 def generation_overrides(body: dict[str, Any], sampling: bool, limit_field: str = "max_tokens") -> dict[str, Any]:
     """``max_new_tokens`` from the token limit; temperature / top_p only when ``sampling`` (serving)."""
     overrides: dict[str, Any] = {}
-    limit = body.get("max_completion_tokens", body.get(limit_field))
+    named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else limit_field
+    limit = body.get(named)
     if limit is not None:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise GatewayError(400, f"'{limit_field}' must be a positive integer", param=limit_field)
+            raise GatewayError(400, f"'{named}' must be a positive integer", param=named)
         overrides["max_new_tokens"] = limit
     if sampling:
         for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 1e-6, 1.0)):
@@ -269,6 +270,8 @@ def format_error(content: str | None, response_format: dict[str, Any] | None) ->
             return f"the answer does not match the schema: {exc.message}"
         except jsonschema.SchemaError as exc:
             return f"the schema is not a valid JSON schema: {exc.message}"
+        except Exception as exc:  # noqa: BLE001 - the agent's schema (a $ref to nowhere, or one that loops), not a bug
+            return f"the schema cannot be checked: {type(exc).__name__}: {str(exc)[:200]}"
     return None
 
 
@@ -278,10 +281,11 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
     messages = []
     for i, message in enumerate(raw):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in MESSAGE_ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in MESSAGE_ROLES:  # a list or object role is not hashable
             raise GatewayError(400, f"{where} must be an object whose 'role' is one of "
                                     f"{', '.join(sorted(MESSAGE_ROLES))}", param=where)
-        role = "system" if message["role"] == "developer" else message["role"]
+        role = "system" if role == "developer" else role
         if role == "assistant" and message.get("tool_calls"):
             content = message.get("content")
             messages.append({"role": role, "content": "" if content is None else _text(content, where),

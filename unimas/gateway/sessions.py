@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import re
 import secrets
+import sys
 from typing import Any, Callable, Coroutine, Mapping
 
 from unimas.algorithms.credit import clip_reward, is_finite_number
@@ -33,18 +34,18 @@ def consumed_turns(trajectory: GraphTrajectory, messages: list[dict[str, Any]]) 
     output into this prompt.
     """
     called = called_turn_ids(messages)
-    found = []
-    for turn in trajectory.turns():
-        text = turn.text.strip()
-        if turn.id in called:
-            found.append(turn)
-            continue
-        if not text:
-            continue
-        pattern = re.compile(r"(?<!\w)" + re.escape(text) + r"(?!\w)")
-        if any(pattern.search(message["content"]) for message in messages):
-            found.append(turn)
-    return found
+    return [turn for turn in trajectory.turns() if is_consumed(turn, messages, called)]
+
+
+def is_consumed(turn: TurnNode, messages: list[dict[str, Any]], called: set[str]) -> bool:
+    """Whether ``messages`` send back ``turn``'s tool calls (``called``: their turn ids) or hold its whole output."""
+    if turn.id in called:
+        return True
+    text = turn.text.strip()
+    if not text:
+        return False
+    pattern = re.compile(r"(?<!\w)" + re.escape(text) + r"(?!\w)")
+    return any(pattern.search(message["content"]) for message in messages)
 
 
 def turn_options(call: ChatCall) -> dict[str, Any]:
@@ -112,6 +113,8 @@ class Episode:
         """Run ``work`` on the controller's loop (the web server has its own thread and loop)."""
         future = asyncio.run_coroutine_threadsafe(work, self.loop)
         self._inflight.add(future)
+        if not self.open:  # closed on the controller's thread since chat() looked: close() may have missed it
+            future.cancel()
         try:
             return await asyncio.wrap_future(future)
         finally:
@@ -133,14 +136,29 @@ class Episode:
         except RequestRefused as exc:  # the episode fails with the message; the run and the other episodes go on
             self.fatal = self.fatal or exc
             raise refused_messages(exc) from None
+        except asyncio.CancelledError:
+            if self.open:  # this request itself was cancelled (the server stops): there is nobody to answer
+                raise
+            raise GatewayError(404, "this episode finished while its turn was generated (its agent returned or ran "
+                                    "out of time): the turn was dropped", code="episode_finished") from None
         except Exception as exc:  # noqa: BLE001 - reported to the agent, raised again by the episode's workflow
             self.fatal = self.fatal or exc
             raise GatewayError(500, f"the turn could not be generated: {type(exc).__name__}: {exc}",
                                code="generation_failed") from None
 
     async def _turn(self, call: ChatCall, overrides: dict[str, Any], progress: Progress | None) -> TurnNode:
-        """On the episode's loop, so the graph is read and extended by one thread only."""
-        after = consumed_turns(self.context.trajectory, call.messages)
+        """On the episode's loop, so the graph is read and extended by one thread only.
+
+        The loop is every episode's: each earlier turn costs a scan of the messages (up to the body limit), so the
+        loop is handed back after each one, and an agent with many turns and huge messages slows the others
+        rather than stalling them until all its scans are done.
+        """
+        called = called_turn_ids(call.messages)
+        after = []
+        for turn in self.context.trajectory.turns():
+            if is_consumed(turn, call.messages, called):
+                after.append(turn)
+            await asyncio.sleep(0)
         return await self.context.chat(call.role, call.messages, after=after, progress=progress,
                                        **turn_options(call), **overrides)
 
@@ -176,7 +194,7 @@ class Episode:
         if not isinstance(name, str) or not METRIC_NAME.fullmatch(name):
             raise GatewayError(400, "'name' must be 1 to 64 letters, digits, '_', '.' or '-' (it is logged as "
                                     "workflow/<name>)", param="name")
-        if not is_finite_number(value):
+        if not is_finite_number(value) or abs(value) > sys.float_info.max:  # an int past float range is no metric
             raise GatewayError(400, "'value' must be a finite number", param="value")
         self.metrics.append((name, float(value)))
         return {"name": name, "value": float(value)}

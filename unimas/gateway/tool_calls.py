@@ -69,8 +69,8 @@ def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str 
         return tools, None, ""
     if choice == "required":
         return tools, "required", forced_opening(None)
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) and choice.get("type") == "function" \
-        else None
+    function = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    named = function.get("name") if isinstance(function, dict) else None
     names = [tool["function"]["name"] for tool in tools]
     if not isinstance(named, str) or named not in names:
         raise GatewayError(400, "'tool_choice' must be auto, none, required or {type: function, function: {name}} "

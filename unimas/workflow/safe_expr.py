@@ -18,7 +18,9 @@ lambdas, comprehensions, f-strings, starred arguments, keywords, walrus or
 ``**``. Resource abuse is bounded: the source is at most
 :data:`MAX_LENGTH` characters and :data:`MAX_DEPTH` levels deep, ``*`` may not
 build a sequence of more than :data:`MAX_REPEAT` elements (nested elements
-count), and ``%`` works on numbers only (no ``'%*d'`` string formatting).
+count), ``+ - *`` may not build an integer of more than :data:`MAX_INT_BITS`
+bits (about 4200 digits: it must stay printable), and ``%`` works on numbers
+only (no ``'%*d'`` string formatting).
 Every failure, at compile or evaluation time, is an :class:`ExpressionError`.
 """
 
@@ -30,6 +32,7 @@ from typing import Any, Callable, Mapping
 MAX_LENGTH = 1000
 MAX_DEPTH = 50
 MAX_REPEAT = 10_000
+MAX_INT_BITS = 14_000
 
 
 class ExpressionError(ValueError):
@@ -264,12 +267,12 @@ class _Evaluator:
         left, right = self.visit(node.left), self.visit(node.right)
         op = type(node.op)
         if op is ast.Add:
-            return left + right
+            return _bounded(left + right)
         if op is ast.Sub:
-            return left - right
+            return _bounded(left - right)
         if op is ast.Mult:
             _check_repeat(left, right)
-            return left * right
+            return _bounded(left * right)
         if op is ast.Div:
             return left / right
         if not all(isinstance(v, (int, float)) for v in (left, right)):
@@ -297,6 +300,16 @@ class _Evaluator:
             raise
         except (TypeError, ValueError, OverflowError) as exc:
             raise ExpressionError(f"{name}() failed: {exc}") from None
+
+
+def _bounded(value: Any) -> Any:
+    """``value``, unless it is an integer past :data:`MAX_INT_BITS` (``int(answer) + 1`` on a 4300-digit answer):
+    such a number cannot be printed (Python's int-to-str digit limit), so a reward or the trajectory file
+    reading it would raise far from the expression."""
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ExpressionError(f"the result has more than {MAX_INT_BITS} bits; integers are limited to about "
+                              f"{int(MAX_INT_BITS * 0.30103)} digits")
+    return value
 
 
 def _check_repeat(left: Any, right: Any) -> None:

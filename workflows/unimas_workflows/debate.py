@@ -29,7 +29,9 @@ from typing import Any
 import unimas
 
 NO_ARGUMENT = "(no argument yet)"
-LABEL = re.compile(r"^\s*(?:debater\s*)?([ab])\s*[.!]?\s*$", re.IGNORECASE)
+LABEL = re.compile(r"(?:debater\s*)?([ab])(?:\s*[.!])?", re.IGNORECASE)
+"""A judge's label, matched against the stripped text with ``fullmatch``: no two ``\\s*`` can trade the same
+spaces, which made ``"a" + " " * 40_000 + "x"`` take seconds (quadratic backtracking)."""
 
 
 # -- workflow -----------------------------------------------------------------------------------------
@@ -43,7 +45,7 @@ def verdict_label(parsed: Any, task: dict) -> str | None:
     if parsed is None:
         return None
     text = str(parsed).strip()
-    match = LABEL.match(text)
+    match = LABEL.fullmatch(text)
     if match:
         return match.group(1).upper()
     lowered = text.lower()

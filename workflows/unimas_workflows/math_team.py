@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from unimas_plugins.math_rewards import REWARDS
+from unimas_plugins.parsers import last_balanced
 
 import unimas
 from unimas.errors import UserError
@@ -73,14 +74,9 @@ def boxed_answer(solution: Any) -> str | None:
     """The content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) with balanced braces; None when absent."""
     text = "" if solution is None else str(solution)
     for marker in ("\\boxed{", "\\fbox{"):
-        start = text.rfind(marker)
-        while start != -1:
-            depth, begin = 0, start + len(marker)
-            for index in range(begin, len(text)):
-                depth += {"{": 1, "}": -1}.get(text[index], 0)
-                if depth < 0:
-                    return text[begin:index].strip()
-            start = text.rfind(marker, 0, start)
+        content = last_balanced(text, marker)
+        if content is not None:
+            return content
     return None
 
 
@@ -139,8 +135,10 @@ def math_jsonl(split: str, seed: int, path: str, eval_path: str | None = None, q
         if line.strip():
             try:
                 rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise UserError(f"line {number} is not JSON: {exc.msg}", where=name) from None
+            except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or a too-long integer
+                reason = exc.msg if isinstance(exc, json.JSONDecodeError) else (
+                    "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
+                raise UserError(f"line {number} is not JSON: {reason}", where=name) from None
     return _rows_to_tasks(rows, split, question, answer, answer_format, name, limit)
 
 
