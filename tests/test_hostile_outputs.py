@@ -229,3 +229,12 @@ def test_a_json_line_too_deep_or_with_a_huge_integer_is_a_clear_file_error(read,
     path.write_text(line + "\n", encoding="utf-8")
     with pytest.raises(error, match=f"line 1 is not JSON: .*{reason}"):
         read(str(path))
+
+
+@pytest.mark.parametrize("expression", ["'a' * 10", "[1, 2] * 3", "1 < 2", "1e999", "1e999 - 1e999", "'x'"])
+def test_the_calculator_answers_numbers_only(expression: str):
+    """The safe evaluator also computes strings, lists and comparisons for graph conditions; the calculator
+    promises numbers, and a non-finite one would reach the model as ``inf``/``nan`` text."""
+    with pytest.raises(ValueError):
+        calculator(expression)
+    assert calculator("2 * (3 + 4)") == 14 and calculator("7 / 2") == 3.5
