@@ -8,12 +8,46 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import math
 import signal
 import sys
 import traceback
 from pathlib import Path
 
 from unimas.errors import RunError, UserError
+
+
+def _parsed(text: str, kind: type[int] | type[float]) -> int | float:
+    """``text`` as an int or float; an argparse error that says which one is needed (not the type's name)."""
+    try:
+        return kind(text)
+    except ValueError:
+        needed = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"must be {needed}, got {text!r}") from None
+
+
+def _non_negative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0 (a negative count reached the code that indexes with it)."""
+    value = _parsed(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, 0 (any free one) to 65535 (a larger one crashed in ``bind``)."""
+    value = _parsed(text, int)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, got {value}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    """An argparse type: a number that is not NaN or infinite (an infinite limit cannot become an rlimit)."""
+    value = _parsed(text, float)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
 
 
 def _config_args(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     validate = sub.add_parser("validate", help="check a config before any model loads")
     _config_args(validate)
-    validate.add_argument("--episodes", type=int, default=0, metavar="N",
+    validate.add_argument("--episodes", type=_non_negative_int, default=0, metavar="N",
                           help="also run N episodes with stand-in models (random tokens, no weights) through the "
                                "real controller, rewards and credit, and report what they did")
     validate.add_argument("--cluster", type=Path, metavar="FILE",
@@ -56,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(serve)
     serve.add_argument("--checkpoint", type=Path, help="checkpoint dir (checkpoints/step_N of a run); default: the "
                                                        "config's initial weights")
-    serve.add_argument("--port", type=int, default=0, help="port (default: a free one, printed)")
+    serve.add_argument("--port", type=_port, default=0, help="port (default: a free one, printed)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only); any "
                        "other needs an API key: $UNIMAS_SERVE_TOKEN, or a generated one printed at start")
 
@@ -73,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "exit_code, stdout, stderr, duration_s, notes. Exit code 0 when status "
                                          "is ok, 1 otherwise, 2 when FILE cannot be read.")
     sandbox.add_argument("file", type=Path, help="Python source to run (as main.py in a throwaway directory)")
-    sandbox.add_argument("--timeout", type=float, default=10.0, metavar="S", help="wall-clock limit (default 10)")
+    sandbox.add_argument("--timeout", type=_finite_float, default=10.0, metavar="S",
+                         help="wall-clock limit (default 10)")
     sandbox.add_argument("--memory-mb", type=int, default=512, metavar="M", help="memory limit (default 512)")
     sandbox.add_argument("--stdin", type=Path, metavar="FILE", help="file whose text is the program's stdin")
     sandbox.add_argument("--allow-fallback", action="store_true",

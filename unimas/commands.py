@@ -31,8 +31,11 @@ def _prepare(args: argparse.Namespace) -> Experiment:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from unimas.preflight.validate import summary
+    from unimas.preflight.validate import MAX_EPISODES_PER_STEP, summary
 
+    if args.episodes > MAX_EPISODES_PER_STEP:
+        raise UserError(f"{args.episodes} episodes; at most {MAX_EPISODES_PER_STEP} (each is held in memory)",
+                        where="--episodes")
     experiment = _prepare(args)
     plan = _cluster_plan(experiment, args.cluster) if args.cluster is not None else None  # no "ok" if it fails
     described = summary(experiment)  # before "ok": the summary reads the tokenizer files, which may be broken
@@ -111,6 +114,46 @@ def _dry_run_placement(experiment: Experiment) -> int:
     return 0
 
 
+RUN_MARKERS = ("metrics.jsonl", "trajectories", "checkpoints")
+"""What a run makes in its directory before anything else: a directory with none of them holds no run."""
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """Refuse a ``--run-dir`` that cannot be a directory, or that holds files but no run: the run writes
+    ``config.yaml``, ``metrics.jsonl`` and more there, so ``--run-dir .`` in a project (or ``/``) would
+    overwrite the user's own files."""
+    where = f"--run-dir {run_dir}"
+    try:
+        for folder in (run_dir, *run_dir.parents):
+            if folder.is_dir():
+                break
+            if folder.exists() or folder.is_symlink():
+                raise UserError("is not a directory" if folder == run_dir else f"{folder} is not a directory, so "
+                                "the run directory cannot be made inside it", where=where)
+        if not run_dir.is_dir() or any((run_dir / marker).exists() for marker in RUN_MARKERS):
+            return
+        foreign = sorted(entry.name for entry in run_dir.iterdir())
+    except OSError as exc:  # a name too long, a folder we may not read
+        raise UserError(f"cannot use it: {exc.strerror or exc}", where=where) from None
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise UserError(f"holds files but no unimas run ({shown}); a run writes config.yaml, metrics.jsonl, "
+                        "trajectories/ and checkpoints/ into its directory, so give a new or empty one (nothing "
+                        "was changed)", where=where)
+
+
+def _check_checkpoint(checkpoint: Path) -> None:
+    """Refuse a ``--checkpoint`` that is not a finished one, before a run directory is made or a model loads."""
+    from unimas.output.rundir import RunDir
+
+    try:
+        complete = RunDir.is_complete(checkpoint)
+    except OSError as exc:
+        raise UserError(f"cannot read it: {exc.strerror or exc}", where=str(checkpoint)) from None
+    if not complete:
+        raise UserError("not a complete unimas checkpoint (no COMPLETE marker)", where=str(checkpoint))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from unimas.api import train
     from unimas.config.loading import load_config
@@ -124,6 +167,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _dry_run_placement(validate(config))
     if args.resume and args.run_dir is None:
         raise UserError("--resume needs --run-dir pointing at the run to continue", where="--resume")
+    if args.run_dir is not None:
+        check_run_dir(args.run_dir)
     run_dir = args.run_dir or RunDir.new(config.name).root
     try:
         with quiet_libraries(show=getattr(args, "debug", False)):
@@ -146,6 +191,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     experiment = _prepare(args)
     config = experiment.config
+    if args.checkpoint is not None:
+        _check_checkpoint(args.checkpoint)
+    if args.run_dir is not None:
+        check_run_dir(args.run_dir)
     run_dir = (RunDir(args.run_dir) if args.run_dir else RunDir.new(f"{config.name}-eval")).create()
     torch_setup(config.trainer.torch_threads, config.trainer.seed)
     logger = build_loggers(config, run_dir, mode="eval")
@@ -173,12 +222,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 async def _evaluate(trainer: Trainer, checkpoint) -> dict:
     from unimas.config.loading import dump_config
-    from unimas.output.rundir import RunDir
 
     step = 0
     if checkpoint is not None:
-        if not RunDir.is_complete(checkpoint):
-            raise UserError("not a complete unimas checkpoint (no COMPLETE marker)", where=str(checkpoint))
         step = await trainer.load_checkpoint(checkpoint)
     trainer.run_dir.config.write_text(dump_config(trainer.config))
     return {"step": step, **(await trainer.evaluate(step, strict=True))}

@@ -1,7 +1,8 @@
 """The experiment config: the typed schema, loading a YAML file with ``--set`` overrides, plugin parameters.
 
 ``schema`` is one pydantic model per YAML section (the ``workflow.agent`` and
-algorithm-plugin entries included); ``loading`` reads a file, applies
+algorithm-plugin entries included), each built on ``strict``'s checks of
+keys, numbers and path-safe names; ``loading`` reads a file, applies
 ``--set`` and formats validation errors; ``plugin_params`` checks a config
 entry's ``params`` against the keyword arguments of the function it names.
 Everything above reads the config, so it sits at the bottom: it knows no

@@ -109,6 +109,9 @@ def read_config_text(path: Path) -> str:
     try:
         if path.is_dir():
             raise UserError("is a directory; give the experiment's YAML file", where=str(path))
+        if path.is_symlink() and not path.exists():
+            raise UserError("is a symbolic link that leads nowhere (its target is missing, or links loop)",
+                            where=str(path))
         if not path.is_file():
             raise UserError("config file not found" if not path.exists() else "not a regular file", where=str(path))
         if path.stat().st_size > MAX_BYTES:
@@ -144,19 +147,45 @@ def _parse_scalar(text: str) -> Any:
 
 
 def apply_override(tree: dict, assignment: str) -> None:
+    """Set ``key.path=value`` in the raw config tree, creating missing mappings on the way.
+
+    A whole number after a list is an index into it (``rewards.0.weight=2``), as in the field paths that
+    validation errors print.
+    """
     if "=" not in assignment:
         raise UserError(f"override '{assignment}' must look like key.path=value", where="--set")
     path, value = assignment.split("=", 1)
     keys = path.strip().split(".")
-    node = tree
-    for key in keys[:-1]:
-        child = node.get(key)
-        if child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
+    if not all(keys):
+        raise UserError(f"override '{assignment}' has an empty key in '{path.strip()}'; it must look like "
+                        "key.path=value, e.g. trainer.steps=5", where="--set")
+    if len(keys) > MAX_DEPTH:
+        raise UserError(f"override key '{path[:60]}...' is {len(keys)} keys deep; a config is nested at most "
+                        f"{MAX_DEPTH} levels deep", where="--set")
+    node: dict | list = tree
+    for depth, key in enumerate(keys[:-1]):
+        if isinstance(node, list):
+            child = node[_list_index(node, key, keys[:depth], path)]
+        else:
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+        if not isinstance(child, (dict, list)):
             raise UserError(f"'{key}' in '{path}' is not a mapping", where="--set")
         node = child
-    node[keys[-1]] = _parse_scalar(value)
+    if isinstance(node, list):
+        node[_list_index(node, keys[-1], keys[:-1], path)] = _parse_scalar(value)
+    else:
+        node[keys[-1]] = _parse_scalar(value)
+
+
+def _list_index(items: list, key: str, parents: list[str], path: str) -> int:
+    """``key`` as an index into the list found at ``parents``; a UserError naming the list if it is not one."""
+    if not re.fullmatch(r"[0-9]+", key) or int(key) >= len(items):
+        indices = f"0 to {len(items) - 1}" if items else "none: it is empty"
+        raise UserError(f"'{'.'.join(parents)}' is a list, so '{key}' in '{path}' must be one of its indices "
+                        f"({indices})", where="--set")
+    return int(key)
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
+import re
 import sys
 import types
 import typing
@@ -35,6 +37,9 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from unimas.errors import UserError
+
+EXPONENT_NUMBER = re.compile(r"[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+")
+"""``1e-3``, ``1.0e5``: numbers to the user, strings to YAML 1.1 (PyYAML), which wants ``1.0e-3``, ``1.0e+5``."""
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 """How a model made from a signature checks values: exact types, finite numbers, no unknown names."""
@@ -79,7 +84,12 @@ class ParamsSpec:
             return f"unknown parameter (check spelling); known: {known}"
         if error["type"] == "missing" or not error["loc"]:
             return error["msg"]
-        return f"{error['msg']}, got {_shown(error['input'])}"
+        hint = ""
+        if (error["type"] == "float_type" and isinstance(error["input"], str)
+                and EXPONENT_NUMBER.fullmatch(error["input"]) and math.isfinite(float(error["input"]))):
+            hint = (f" (YAML reads {error['input']} as text: it wants a dot and a signed exponent; write it as "
+                    f"{float(error['input']):.1e} or {float(error['input'])!r})")
+        return f"{error['msg']}, got {_shown(error['input'])}{hint}"
 
 
 def _shown(value: Any) -> str:
@@ -96,12 +106,14 @@ def explicit_model(obj: Any) -> type[BaseModel] | None:
     return declared if isinstance(declared, type) and issubclass(declared, BaseModel) else None
 
 
-def params_spec(obj: Callable[..., Any], name: str, *, keyword_only: bool = False) -> ParamsSpec:
+def params_spec(obj: Callable[..., Any], name: str, *, keyword_only: bool = False, inputs: int = 0) -> ParamsSpec:
     """The parameters ``obj`` takes: its explicit ``params`` model, or one made from its signature.
 
     ``keyword_only`` (estimators, policy losses): only the arguments after
     ``*`` are parameters; the others are verl's inputs, and ``**kwargs`` does
     not open the model (verl's functions use it to ignore inputs).
+    ``inputs``: the first this many positional arguments are what the caller
+    passes (a reward's trajectory and task, a workflow's ctx and task), not parameters.
     """
     declared = explicit_model(obj)
     if declared is not None:
@@ -116,7 +128,11 @@ def params_spec(obj: Callable[..., Any], name: str, *, keyword_only: bool = Fals
     fields: dict[str, Any] = {}
     untyped: list[str] = []
     is_open = False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    passed = [p.name for p in signature.parameters.values() if p.kind in positional][:inputs]
     for parameter in signature.parameters.values():
+        if parameter.name in passed:
+            continue
         if parameter.kind is parameter.VAR_KEYWORD:
             is_open = not keyword_only
             continue

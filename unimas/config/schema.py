@@ -10,27 +10,11 @@ file. Loading, ``--set`` overrides and error formatting: ``unimas.config.loading
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-
-SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-"""Names that become path components (run, model group, adapter): no separators, no `..`, no leading dot."""
-
-
-def safe_name(value: str, what: str) -> str:
-    if not SAFE_NAME.fullmatch(value) or ".." in value:
-        raise ValueError(f"{what} {value!r} must be 1-64 letters, digits, '_', '.' or '-' (no '/', no '..', not "
-                         "starting with '.'): it names a directory in the run")
-    return value
-
-
-class Strict(BaseModel):
-    """Base of every config section: unknown keys are errors, NaN and infinity are rejected."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+from unimas.config.strict import Strict, safe_name
 
 
 class LoraConfig(Strict):

@@ -188,7 +188,7 @@ def render() -> str:
         "Keys are YAML paths: `<group>`, `<role>` and `<node>` stand for names you choose, `[]` for each item "
         "of a list. Unknown keys are errors everywhere. `required` marks keys without a default; "
         "`(section defaults)` means the section may be omitted and then takes the defaults listed in its own "
-        "table. Any key can be overridden on the command line with `--set key=value`.",
+        "table. Any key can be overridden on the command line with `--set key=value`; a list item by its index, as errors name it (`--set rewards.0.weight=2`).",
         "",
     ]
     for path, model in walk(ExperimentConfig, ""):

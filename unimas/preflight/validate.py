@@ -34,6 +34,13 @@ ALGORITHM_PLUGINS = {"rollout": "rollout_controls", "replay": "replay_buffers", 
 TASK_SAMPLE = 64
 """Tasks of the train split whose keys and values are checked against the roles."""
 
+MAX_EPISODES_PER_STEP = 1_000_000
+"""Most episodes one training step or one evaluation may run: each is held in memory at once, so a count
+beyond this is a typo (``tasks_per_step: 320000000``) that would end in a MemoryError or a hang."""
+
+MAX_TORCH_THREADS = 1024
+"""Most torch threads per process: beyond the cores of any machine, and torch aborts on counts it cannot start."""
+
 
 def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
@@ -59,6 +66,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
         if group.snapshot is not None:
             problems.extend(_snapshot_problems(config, name))
     problems.extend(verl_plan.config_problems(config))
+    problems.extend(_scale_problems(config))
 
     problems.extend(_algorithm_plugin_problems(config, registry))
     problems.extend(_loss_params_problems(config, registry, losses))
@@ -110,6 +118,9 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
         if not registry.has("rewards", reward.name):
             add(f"{where}.name", f"unknown reward '{reward.name}'; registered: {', '.join(registry.names('rewards'))}"
                 f"{registry.broken_hint()}")
+        else:
+            problems.extend(_params_problems(registry.get("rewards", reward.name), reward.name, reward.params,
+                                             f"{where}.params", inputs=2))
         for role in reward.roles or []:
             if role not in config.roles:
                 add(f"{where}.roles", f"role '{role}' is not declared under 'roles'")
@@ -119,6 +130,9 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
     if config.workflow.name is not None and not registry.has("workflows", config.workflow.name):
         add("workflow.name", f"unknown workflow '{config.workflow.name}'; registered: "
             f"{', '.join(registry.names('workflows'))}{registry.broken_hint()}")
+    elif config.workflow.name is not None:
+        problems.extend(_params_problems(registry.get("workflows", config.workflow.name), config.workflow.name,
+                                         config.workflow.params, "workflow.params", inputs=2))
     if not registry.has("datasets", config.data.name):
         add("data.name", f"unknown dataset '{config.data.name}'; registered: "
             f"{', '.join(registry.names('datasets'))}{registry.broken_hint()}")
@@ -145,6 +159,32 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             problems.extend(_critic_problems(config, registry, needs_values=False))
         problems.extend(central_critic.config_problems(config, registry, takes_values=estimator.needs_critic))
     return problems
+
+
+def _scale_problems(config: ExperimentConfig) -> list[tuple[str, str]]:
+    """Counts that are valid numbers but too large for any machine (the eval split's size is checked in
+    :func:`validate`, once the split is loaded)."""
+    problems = []
+    trainer = config.trainer
+    if trainer.torch_threads > MAX_TORCH_THREADS:
+        problems.append(("trainer.torch_threads", f"{trainer.torch_threads} threads per process; at most "
+                         f"{MAX_TORCH_THREADS}"))
+    episodes = trainer.tasks_per_step * config.algorithm.group_size
+    if episodes > MAX_EPISODES_PER_STEP:
+        problems.append(("trainer.tasks_per_step", f"{trainer.tasks_per_step} tasks x algorithm.group_size "
+                         f"{config.algorithm.group_size} = {episodes} episodes per step; at most "
+                         f"{MAX_EPISODES_PER_STEP}"))
+    return problems
+
+
+def _eval_scale_problems(config: ExperimentConfig, eval_tasks: int) -> list[tuple[str, str]]:
+    """An evaluation runs ``eval_samples`` episodes on each of at most ``eval_size`` tasks of the eval split."""
+    trainer = config.trainer
+    episodes = min(trainer.eval_size, eval_tasks) * trainer.eval_samples
+    if episodes <= MAX_EPISODES_PER_STEP:
+        return []
+    return [("trainer.eval_samples", f"{trainer.eval_samples} samples x {min(trainer.eval_size, eval_tasks)} eval "
+             f"tasks = {episodes} episodes per evaluation; at most {MAX_EPISODES_PER_STEP}")]
 
 
 def _critic_problems(config: ExperimentConfig, registry: Registry, needs_values: bool) -> list[tuple[str, str]]:
@@ -174,10 +214,10 @@ def _critic_problems(config: ExperimentConfig, registry: Registry, needs_values:
 
 
 def _params_problems(obj: Any, name: str, params: dict[str, Any], where: str,
-                     keyword_only: bool = False) -> list[tuple[str, str]]:
+                     keyword_only: bool = False, inputs: int = 0) -> list[tuple[str, str]]:
     """The config's params checked against what ``obj`` declares (:mod:`unimas.config.plugin_params`)."""
     try:
-        return plugin_params.params_spec(obj, name, keyword_only=keyword_only).check(params, where)[1]
+        return plugin_params.params_spec(obj, name, keyword_only=keyword_only, inputs=inputs).check(params, where)[1]
     except UserError as exc:  # the plugin's annotations cannot be read
         return [(where, str(exc))]
 
@@ -354,8 +394,9 @@ def validate(config: ExperimentConfig, registry: Registry | None = None) -> Expe
     problems = check_config(config, registry)
     if not problems:
         experiment = Experiment.resolve(config, registry)
-        experiment.tasks("eval")  # loads and checks the eval split too
+        eval_tasks = len(experiment.tasks("eval"))  # loads and checks the eval split too
         problems = check_tasks(config, registry, experiment.tasks("train")[:TASK_SAMPLE])
+        problems += _eval_scale_problems(config, eval_tasks)
     if problems:
         lines = "\n".join(f"  {where}: {message}" for where, message in problems)
         raise UserError(f"{len(problems)} problem(s) in the config:\n{lines}")
