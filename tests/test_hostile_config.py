@@ -254,3 +254,25 @@ def test_more_dry_run_episodes_than_memory_holds_are_refused_before_any_run(caps
     out, err = capsys.readouterr()
     assert_user_error(code, err, "--episodes", "at most 1000000")
     assert "ok:" not in out
+
+
+# -- backend options and cluster files share the config's strictness ------------------------------------------
+
+@pytest.mark.parametrize("override, field", [
+    ("models.shared.options.tiny.num_layers=true", "models.shared.options.tiny.num_layers"),
+    ("models.shared.options.tiny.init_std=.nan", "models.shared.options.tiny.init_std"),
+])
+def test_backend_options_refuse_booleans_and_nan_where_numbers_belong(override: str, field: str, capsys):
+    """A backend's options are config too: ``num_layers: true`` was a model of one layer."""
+    code, err = run(capsys, "validate", QUICKSTART, "--set", override)
+    assert_user_error(code, err, field)
+
+
+@pytest.mark.parametrize("node", ["{cpus: .inf, memory_gb: 64}", "{cpus: 8, memory_gb: .inf}",
+                                  "{cpus: true, memory_gb: 64}"])
+def test_a_cluster_file_refuses_infinite_or_boolean_sizes(node: str, tmp_path, capsys):
+    """An infinite CPU count made every config fit; ``true`` CPUs was one CPU."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(f"- {node}\n")
+    code, err = run(capsys, "validate", QUICKSTART, "--cluster", cluster)
+    assert_user_error(code, err, str(cluster))

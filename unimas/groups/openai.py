@@ -17,15 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from unimas.config.strict import Strict
 from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 
 
-class OpenAIOptions(BaseModel):
+class OpenAIOptions(Strict):
     """Settings of ``backend: openai`` under ``models.<group>.options``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     endpoint: str = Field(..., min_length=1, description="base URL of an OpenAI-compatible server "
                           "(`/v1/completions` or `/v1/chat/completions` is appended)")

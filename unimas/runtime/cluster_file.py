@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from unimas.config.loading import MAX_BYTES, parse_yaml
+from unimas.config.strict import Strict
 from unimas.errors import UserError
 from unimas.runtime.placement import BUILTIN, GIB, Resources
 
@@ -26,10 +27,8 @@ MAX_NODES = 100_000
 """Most nodes one file may describe (after ``count``): a plan, not a stress test."""
 
 
-class ClusterNode(BaseModel):
+class ClusterNode(Strict):
     """One node, or ``count`` identical ones, of a cluster description."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: Optional[str] = Field(None, min_length=1, description="label in the plan (with -0, -1, ... when count > "
                                 "1); default node<entry number>")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from unimas.config.loading import missing_model_hint
+from unimas.config.strict import Strict
 
 if TYPE_CHECKING:
     import torch
@@ -22,10 +23,8 @@ MODEL_DIR = "model"
 checking options (``unimas validate``) needs neither torch nor transformers."""
 
 
-class TinyModelConfig(BaseModel):
+class TinyModelConfig(Strict):
     """A random-init causal LM built from config: no download, CPU friendly."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     architecture: Literal["qwen2", "llama", "gpt2"] = Field("qwen2", description="transformers model family")
     alphabet: str = Field(..., min_length=1, description="characters of the char-level tokenizer")
@@ -45,10 +44,8 @@ class TinyModelConfig(BaseModel):
         return self
 
 
-class TorchOptions(BaseModel):
+class TorchOptions(Strict):
     """Where the weights come from (exactly one of ``path``, ``tiny``, ``init_from``) and their dtype."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     path: Optional[str] = Field(None, description="local Hugging Face model directory (never downloaded)")
     tiny: Optional[TinyModelConfig] = Field(None, description="build a small random-init model from this spec")

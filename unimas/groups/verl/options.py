@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from unimas.config.schema import LoraConfig, OptimConfig
+from unimas.config.strict import Strict
 from unimas.groups.base import GroupSpec
 from unimas.groups.torch.options import TinyModelConfig, TorchOptions
 from unimas.groups.verl import lora, names
@@ -31,10 +32,8 @@ SERVER_ROLLOUT = "unimas_hf_server"
 PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
 
 
-class VerlOverrides(BaseModel):
+class VerlOverrides(Strict):
     """Raw verl fields per config section, applied after the translation (for experts)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     model: dict[str, Any] = Field(default_factory=dict, description="verl HFModelConfig fields")
     engine: dict[str, Any] = Field(default_factory=dict, description="verl FSDPEngineConfig fields")
@@ -42,10 +41,8 @@ class VerlOverrides(BaseModel):
     rollout: dict[str, Any] = Field(default_factory=dict, description="verl RolloutConfig fields")
 
 
-class VerlOptions(BaseModel):
+class VerlOptions(Strict):
     """Where the weights come from, how verl's FSDP2 engine trains them, and which rollout generates."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     path: Optional[str] = Field(None, description="local Hugging Face model directory (never downloaded)")
     tiny: Optional[TinyModelConfig] = Field(None, description="build a small random-init model from this spec")
