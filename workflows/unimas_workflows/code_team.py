@@ -5,8 +5,11 @@
 test passes (no reflection after the last round). The tool runs the coder's
 program and the task's tests through :func:`unimas.sandbox.runner.run_python`; model
 text is never executed, compiled or evaluated in this process — the test
-harness below is a fixed script that runs only inside the sandbox and reports
-through its stdout.
+harness (``code_harness.py``, with the value codec ``plain_data.py``) is a fixed
+script that runs only inside the sandbox and reports through its stdout. Inside,
+the program runs in a process of its own and the verdict comes from another one,
+which calls the program's functions and compares plain values it rebuilt itself,
+so the program cannot forge its reward (see ``code_harness.py``).
 
 Tests: HumanEval style (a ``check(candidate)`` function, called with the
 task's ``entry_point``) or plain module-level statements. Each top-level
@@ -37,112 +40,37 @@ from unimas.sandbox import runner as sandbox
 
 TOOL = "run_tests"
 MARK_PREFIX = "@@unimas-tests-"
+MAX_TESTS = 100_000
+"""Largest test count a harness report may give (a larger one is not the harness's)."""
 
-# Runs inside the sandbox only. Reads {"nonce", "prelude", "code", "tests", "entry_point", "case_timeout_s"}
-# as JSON from stdin; reports JSON lines "<nonce> {...}" on a duplicate of the original stdout, while the
-# candidate's own prints go to stderr. Events: total, loaded | load_error, case (one per test), done.
-HARNESS = r'''
-import ast, json, os, signal, sys
-
-def _main(payload):
-    mark = payload.pop("nonce")
-    channel = os.fdopen(os.dup(1), "w")
-    dumps = json.dumps
-    sys.stdout = sys.stderr
-
-    def emit(**event):
-        channel.write(mark + " " + dumps(event) + "\n")
-        channel.flush()
-
-    class CaseTimeout(BaseException):
-        pass
-
-    def expire(signum, frame):
-        raise CaseTimeout()
-
-    def describe(exc):
-        if isinstance(exc, CaseTimeout):
-            return "timed out after %gs" % payload["case_timeout_s"]
-        text = str(exc)
-        return (type(exc).__name__ + (": " + text if text else ""))[:300]
-
-    def is_case(node):
-        if isinstance(node, ast.Assert) and isinstance(node.test, ast.Constant):
-            return False
-        return any(isinstance(n, ast.Assert) for n in ast.walk(node))
-
-    tree = ast.parse(payload["tests"], "<tests>")
-    check = None
-    setup = []
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "check":
-            check = node
-        elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-              and isinstance(node.value.func, ast.Name) and node.value.func.id == "check"):
-            continue  # a trailing check(f) call: the harness calls it
-        else:
-            setup.append(node)
-    steps = setup + list(check.body) if check is not None else setup
-    total = sum(1 for node in steps if is_case(node))
-    emit(event="total", total=total)
-
-    namespace = {"__name__": "__candidate__"}
-    try:
-        if payload["prelude"]:
-            exec(compile(payload["prelude"], "<prelude>", "exec"), namespace)
-        exec(compile(payload["code"], "<candidate>", "exec"), namespace)
-    except BaseException as exc:
-        emit(event="load_error", error=describe(exc))
-        return
-    env = dict(namespace)
-    if check is not None:
-        if payload["entry_point"] not in namespace:
-            emit(event="load_error", error="the code defines no %r" % payload["entry_point"])
-            return
-        env["candidate"] = namespace[payload["entry_point"]]
-    emit(event="loaded")
-    timer = hasattr(signal, "setitimer")
-    if timer:
-        signal.signal(signal.SIGALRM, expire)
-    index = 0
-    for node in steps:
-        case = is_case(node)
-        code = compile(ast.fix_missing_locations(ast.Module(body=[node], type_ignores=[])), "<tests>", "exec")
-        error = None
-        try:
-            if timer:
-                signal.setitimer(signal.ITIMER_REAL, payload["case_timeout_s"])
-            exec(code, env)
-        except BaseException as exc:
-            error = describe(exc)
-        finally:
-            if timer:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        if case:
-            source = ast.get_source_segment(payload["tests"], node) or ""
-            emit(event="case", index=index, ok=error is None, error=error, source=source[:300])
-            index += 1
-        elif error is not None:
-            emit(event="setup_error", error=error)
-    emit(event="done")
-
-_main(json.loads(sys.stdin.read()))
-'''
+HARNESS = (Path(__file__).parent / "code_harness.py").read_text(encoding="utf-8")
+"""The test harness, run inside the sandbox only (never imported here): see ``code_harness.py``'s docstring."""
+HARNESS_FILES = {"plain_data.py": (Path(__file__).parent / "plain_data.py").read_text(encoding="utf-8")}
+"""Sent next to the harness: the codec of the values that cross between its two processes."""
 
 
 def _summary(stdout: str, mark: str) -> dict[str, Any]:
-    """Fold the harness's report lines (data from the sandbox, parsed with ``json.loads``)."""
+    """Fold the harness's report lines (data from the sandbox, parsed with ``json.loads``).
+
+    The candidate no longer runs in the harness's process (``code_harness.py``), but lines are still checked
+    like any untrusted data: only the first ``total`` counts (the harness sends it first), it must be a
+    count, lines that are not event objects are skipped, and ``passed`` never exceeds ``total``.
+    """
     found: dict[str, Any] = {"total": None, "passed": 0, "failures": [], "load_error": None, "done": False}
     for line in stdout.splitlines():
         if not line.startswith(mark + " "):
             continue
         try:
             event = json.loads(line[len(mark) + 1:])
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError, as is a too-long integer
+            continue
+        if not isinstance(event, dict):
             continue
         kind = event.get("event")
         if kind == "total":
-            found["total"] = int(event["total"])
+            total = event.get("total")
+            if found["total"] is None and type(total) is int and 0 <= total <= MAX_TESTS:
+                found["total"] = total
         elif kind == "load_error":
             found["load_error"] = str(event.get("error"))
         elif kind == "case":
@@ -152,6 +80,7 @@ def _summary(stdout: str, mark: str) -> dict[str, Any]:
                 found["failures"].append({"test": event.get("source", ""), "error": event.get("error")})
         elif kind == "done":
             found["done"] = True
+    found["passed"] = min(found["passed"], found["total"] or 0)
     return found
 
 
@@ -163,10 +92,13 @@ def run_tests_sync(code: str, tests: str, entry_point: str = "", prelude: str = 
     died), or the sandbox's ``timeout`` / ``memory`` / ``refused`` (sandbox unavailable and no fallback).
     """
     mark = MARK_PREFIX + secrets.token_hex(8)
+    # isolated: run_python uses bubblewrap (and so a pid namespace of its own) exactly when it is available.
     payload = {"nonce": mark, "prelude": str(prelude or ""), "code": str(code or ""), "tests": str(tests),
-               "entry_point": str(entry_point or ""), "case_timeout_s": float(case_timeout_s)}
+               "entry_point": str(entry_point or ""), "case_timeout_s": float(case_timeout_s),
+               "timeout_s": float(timeout_s), "isolated": sandbox.available()}
     limits = sandbox.SandboxLimits(timeout_s=float(timeout_s), memory_mb=int(memory_mb))
-    result = sandbox.run_python(HARNESS, stdin=json.dumps(payload), limits=limits, allow_fallback=allow_fallback)
+    result = sandbox.run_python(HARNESS, stdin=json.dumps(payload), limits=limits, files=HARNESS_FILES,
+                                allow_fallback=allow_fallback)
     found = _summary(result.stdout or "", mark)
     total = found["total"] or 0
     failures = found["failures"][:3]
@@ -352,8 +284,10 @@ def code_tasks(split: str, seed: int, path: str, eval_path: str | None = None,
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"line {number} is not JSON: {exc.msg}", where=name) from None
+        except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or a too-long integer
+            reason = exc.msg if isinstance(exc, json.JSONDecodeError) else (
+                "nested too deeply" if isinstance(exc, RecursionError) else str(exc))
+            raise UserError(f"line {number} is not JSON: {reason}", where=name) from None
         if not isinstance(row, dict):
             raise UserError(f"line {number} must be a JSON object", where=name)
         rows.append(_task(row, f"{name} line {number}"))
