@@ -238,3 +238,36 @@ def test_the_calculator_answers_numbers_only(expression: str):
     with pytest.raises(ValueError):
         calculator(expression)
     assert calculator("2 * (3 + 4)") == 14 and calculator("7 / 2") == 3.5
+
+
+@pytest.mark.parametrize("reader, error", [
+    (lambda path: jsonl("train", 0, path), UserError),
+    (lambda path: math_jsonl("train", 0, path), UserError),
+    (load_corpus, RetrievalError),
+])
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+@pytest.mark.timeout(30)  # without the check the read blocks (FIFO) or never ends (/dev/zero)
+def test_a_data_file_that_is_a_pipe_or_a_device_is_refused_not_read_forever(reader, error, kind: str, tmp_path):
+    """Opening a FIFO blocks until a writer comes and ``/dev/zero`` never ends: the reader would hang the run
+    (or fill memory) before any message. The file is refused by its kind, unopened."""
+    import os
+
+    path = tmp_path / "tasks.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path = "/dev/zero"
+    with pytest.raises(error, match="not a regular file"):
+        reader(str(path))
+
+
+@pytest.mark.timeout(30)
+def test_the_sandbox_command_refuses_a_pipe_as_its_program(tmp_path, capsys):
+    import os
+
+    from unimas.cli import main
+
+    fifo = tmp_path / "program.py"
+    os.mkfifo(fifo)
+    assert main(["sandbox", str(fifo)]) == 2
+    assert "not a regular file" in capsys.readouterr().err

@@ -19,8 +19,11 @@ fall back to an earlier checkpoint catch that type.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
 import pickle
+import stat
 from pathlib import Path
 from typing import Any, Iterator, TypeVar
 
@@ -32,6 +35,23 @@ Schema = TypeVar("Schema", bound=BaseModel)
 
 REFUSED_PICKLE = ("refused: holds pickled objects, not plain tensors (unimas loads checkpoints with "
                   "torch.load(weights_only=True) or safetensors and never unpickles code)")
+
+
+class NotARegularFile(OSError):
+    """A path given as a data file is a pipe, a socket or a device: reading it could block or never end."""
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The bytes of a data file someone named: a task file, a corpus, a program to sandbox.
+
+    A FIFO blocks its reader until some writer comes, and ``/dev/zero`` never ends, so anything but a
+    regular file (after symlinks) is refused as a :class:`NotARegularFile`, an ``OSError`` like a missing
+    file, for the caller to name.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise NotARegularFile(errno.EINVAL, "not a regular file (a pipe or a device could be read without end)",
+                              str(path))
+    return Path(path).read_bytes()
 
 
 @contextlib.contextmanager

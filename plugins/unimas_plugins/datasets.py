@@ -7,6 +7,7 @@ from pathlib import Path
 
 import unimas
 from unimas.errors import UserError
+from unimas.safe_load import read_bytes
 
 
 def jsonl(split: str, seed: int, path: str, eval_path: str | None = None) -> list[dict]:
@@ -17,7 +18,7 @@ def jsonl(split: str, seed: int, path: str, eval_path: str | None = None) -> lis
         raise UserError(f"must be a file name, got {type(name).__name__}", where=f"data.params.{key}")
     chosen = Path(name)
     try:
-        data = chosen.read_bytes()
+        data = read_bytes(chosen)
     except (OSError, ValueError) as exc:  # missing, a directory, unreadable, a name the system cannot hold
         reason = "task file not found" if isinstance(exc, FileNotFoundError) else f"cannot read the task file: {exc}"
         raise UserError(reason, where=f"data.params.{key} ({chosen})") from None

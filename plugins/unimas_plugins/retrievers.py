@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import unimas
+from unimas.safe_load import read_bytes
 
 MAX_K = 50
 MAX_SELECTION_DIGITS = 6
@@ -124,7 +125,7 @@ def load_corpus(path: str | Path) -> list[dict]:
     """Passages from a JSONL file of ``{"id", "title", "text"}`` objects (``title`` may be missing)."""
     passages = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = read_bytes(path).decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise RetrievalError(f"cannot read corpus {str(path)!r}: {exc}") from None
     for number, line in enumerate(lines, start=1):

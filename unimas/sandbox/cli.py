@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from unimas.errors import UserError
+from unimas.safe_load import read_bytes
 from unimas.sandbox.runner import SandboxLimits, run_python
 
 
@@ -15,7 +16,7 @@ def cli_command(args) -> int:
     """``unimas sandbox FILE``: print the result as one JSON line; exit 0 when ok, 1 otherwise."""
     def read(path, option):
         try:
-            return path.read_text(encoding="utf-8")
+            return read_bytes(path).decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"cannot read it: {exc.strerror if isinstance(exc, OSError) else exc}",
                             where=f"{option} {path}") from None

@@ -35,6 +35,7 @@ from unimas_plugins.parsers import last_balanced
 
 import unimas
 from unimas.errors import UserError
+from unimas.safe_load import read_bytes
 
 ANSWER_FORMATS = ("plain", "gsm8k", "math")
 
@@ -127,7 +128,7 @@ def math_jsonl(split: str, seed: int, path: str, eval_path: str | None = None, q
     """One JSON object per line, e.g. GSM8K (``answer_format: gsm8k``) or MATH (``math``)."""
     key, name = _chosen(split, path, eval_path)
     try:
-        lines = Path(name).read_text(encoding="utf-8").splitlines()
+        lines = read_bytes(name).decode("utf-8").splitlines()
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read the task file: {exc}", where=f"data.params.{key} ({name})") from None
     rows = []
