@@ -312,3 +312,22 @@ def test_a_wrong_method_is_a_405_saying_so_not_a_not_found():
     assert answer.status_code == 405
     assert answer.json()["error"]["code"] == "method_not_allowed"
     assert client.get("/e/abc/v1/nowhere").json()["error"]["code"] == "not_found"
+
+
+def test_remembered_responses_are_bounded_by_their_text_not_only_their_count(monkeypatch):
+    """Each remembered response holds its whole conversation, and ``unimas serve`` has one session for every
+    client: a chain of 4 MiB requests kept gigabytes. Past the text budget the oldest are forgotten, the newest
+    is always kept."""
+    from unimas.gateway import responses
+
+    monkeypatch.setattr(responses, "KEPT_CHARACTERS", 1000)
+    history = responses.ResponseHistory()
+    for index in range(10):
+        history.keep(f"r{index}", [{"role": "user", "content": "x" * 300}])
+    assert history.conversation("r9") and history.conversation("r7")
+    with pytest.raises(Exception, match="previous_response_not_found|not a response"):
+        history.conversation("r6")
+    history.keep("big", [{"role": "user", "content": "y" * 5000}])  # alone past the budget: kept, others go
+    assert history.conversation("big")
+    with pytest.raises(Exception, match="not a response"):
+        history.conversation("r9")

@@ -54,6 +54,10 @@ REFUSED_HERE = {
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 KEPT_RESPONSES = 1024
 """Responses a session remembers for ``previous_response_id`` (the oldest are forgotten first)."""
+KEPT_CHARACTERS = 64 * 2**20
+"""Message text a session's remembered conversations may hold together. Each holds its whole history, so a
+client growing one conversation by 4 MiB requests (the body limit) would otherwise keep gigabytes in
+``unimas serve``, whose one session serves every client; the oldest are forgotten first."""
 
 
 class ResponseHistory:
@@ -61,6 +65,8 @@ class ResponseHistory:
 
     def __init__(self) -> None:
         self._kept: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self._characters = 0
 
     def conversation(self, response_id: Any) -> list[dict[str, Any]]:
         if response_id is None:
@@ -72,9 +78,17 @@ class ResponseHistory:
         return list(self._kept[response_id])
 
     def keep(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
+        self._forget(response_id)
         self._kept[response_id] = conversation
-        while len(self._kept) > KEPT_RESPONSES:
-            self._kept.popitem(last=False)
+        self._sizes[response_id] = sum(len(str(message.get("content") or "")) for message in conversation)
+        self._characters += self._sizes[response_id]
+        while len(self._kept) > KEPT_RESPONSES or (self._characters > KEPT_CHARACTERS and len(self._kept) > 1):
+            self._forget(next(iter(self._kept)))
+
+    def _forget(self, response_id: str) -> None:
+        if response_id in self._kept:
+            del self._kept[response_id]
+            self._characters -= self._sizes.pop(response_id)
 
 
 def parse_responses(body: dict[str, Any], roles: set[str], sampling: bool, history: ResponseHistory) -> ChatCall:
