@@ -93,3 +93,24 @@ def test_an_integer_too_long_to_print_is_noted_not_a_failed_write(tmp_path):
     assert again.outcome == {"answer": note, "nested": [{note: {"ok": True, "why": [note]}}], "fine": 12}
     assert again.node("tool:calc#0").result == note
     assert again.node("solver#0").response_ids == [4, 5]
+
+
+def test_a_cycle_or_deep_nesting_in_user_values_is_noted_not_a_failed_write(tmp_path):
+    """``json.dumps`` raises on a container that holds itself and recurses past the interpreter's limit on deep
+    nesting; both come from a workflow's outcome or a tool's result, and the step must still write the line."""
+    traj = sample()
+    looped: dict = {"name": "loop"}
+    looped["self"] = looped
+    deep: list = []
+    for _ in range(50_000):
+        deep = [deep]
+    shared = [1, 2]
+    traj.outcome = {"looped": looped, "deep": deep, "twice": [shared, shared]}
+    write_jsonl(tmp_path / "t.jsonl", [traj])
+    outcome = read_jsonl(tmp_path / "t.jsonl")[0].outcome
+    assert outcome["looped"] == {"name": "loop", "self": "<a cycle: this container holds itself>"}
+    assert outcome["twice"] == [[1, 2], [1, 2]]  # shared, not a cycle
+    level, kept = outcome["deep"], 0
+    while isinstance(level, list):
+        level, kept = level[0], kept + 1
+    assert level == "<nested deeper than 200 levels>" and 190 <= kept <= 200

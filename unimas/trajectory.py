@@ -229,7 +229,7 @@ class GraphTrajectory:
         data = self._as_data(nodes)
         try:
             return json.dumps(data, separators=(",", ":"), default=_json_default)
-        except ValueError:  # an integer too long to print (Python's digit limit) in what user code returned
+        except (ValueError, RecursionError):  # what user code returned holds a huge integer, a cycle, deep nesting
             return json.dumps(_printable(data), separators=(",", ":"), default=_json_default)
 
     @classmethod
@@ -272,23 +272,33 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _printable(value: Any) -> Any:
-    """``value`` with every integer too long for ``str`` (Python's int-to-str digit limit) written as a note of
-    its size: a workflow's outcome or a tool's result may hold one, and the episode's line must still be
-    written rather than fail the step that writes it."""
+PRINTABLE_DEPTH = 200
+"""Deepest nesting :func:`_printable` keeps; ``json.dumps`` itself recurses once per level."""
+
+
+def _printable(value: Any, depth: int = 0, open_containers: frozenset[int] = frozenset()) -> Any:
+    """``value`` as JSON can always write it: an integer too long for ``str`` (Python's digit limit) becomes a
+    note of its size, a container holding itself a note of the cycle, nesting past :data:`PRINTABLE_DEPTH` a
+    note of the depth. What a workflow, tool or parser returned may hold any of them, and the episode's line
+    must still be written rather than fail the step that writes it."""
     if isinstance(value, int) and not isinstance(value, bool):
         try:
             str(value)
         except ValueError:
             return f"<an integer of {value.bit_length()} bits>"
         return value
-    if isinstance(value, dict):
-        return {_printable(key): _printable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_printable(item) for item in value]
     if is_dataclass(value) and not isinstance(value, type):
-        return _printable(asdict(value))
-    return value
+        value = {f.name: getattr(value, f.name) for f in fields(value)}
+    if not isinstance(value, (dict, list, tuple)):
+        return value
+    if id(value) in open_containers:
+        return "<a cycle: this container holds itself>"
+    if depth >= PRINTABLE_DEPTH:
+        return f"<nested deeper than {PRINTABLE_DEPTH} levels>"
+    inner = open_containers | {id(value)}
+    if isinstance(value, dict):
+        return {_printable(key, depth + 1, inner): _printable(item, depth + 1, inner) for key, item in value.items()}
+    return [_printable(item, depth + 1, inner) for item in value]
 
 
 def write_jsonl(path, trajectories: Iterable[GraphTrajectory], mode: str = "a") -> None:
