@@ -74,7 +74,16 @@ def user_location(exc: BaseException) -> str | None:
     return f"{chosen[0]}:{chosen[1]}" if chosen else None
 
 
+def exception_text(exc: BaseException) -> str:
+    """``Type: message`` of an exception user code raised. When the exception's own ``__str__`` raises (a bug in a
+    user's exception class), its type and a note instead: recording a failure must not fail in turn."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception as unshowable:  # noqa: BLE001 - whatever the user's __str__ raised
+        return f"{type(exc).__name__} (its message cannot be shown: str() raised {type(unshowable).__name__})"
+
+
 def describe(exc: BaseException) -> str:
     """One line for a user-code exception: type, message and where it was raised."""
     where = user_location(exc)
-    return f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+    return exception_text(exc) + (f" (at {where})" if where else "")

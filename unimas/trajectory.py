@@ -229,7 +229,7 @@ class GraphTrajectory:
         data = self._as_data(nodes)
         try:
             return json.dumps(data, separators=(",", ":"), default=_json_default)
-        except (ValueError, RecursionError):  # what user code returned holds a huge integer, a cycle, deep nesting
+        except Exception:  # noqa: BLE001 - what user code returned: a huge integer, a cycle, a tuple key, a bad __str__
             return json.dumps(_printable(data), separators=(",", ":"), default=_json_default)
 
     @classmethod
@@ -266,10 +266,13 @@ _FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in (TurnNode, To
 
 def _json_default(value: Any) -> Any:
     """Parse results, outcomes and tool results are whatever user code returned: a dataclass is written as its
-    fields (as ``asdict`` would), anything else JSON cannot hold as text."""
-    if is_dataclass(value) and not isinstance(value, type):
-        return asdict(value)
-    return str(value)
+    fields (as ``asdict`` would), anything else JSON cannot hold as text, or a note when even ``str`` fails."""
+    try:
+        if is_dataclass(value) and not isinstance(value, type):
+            return asdict(value)
+        return str(value)
+    except Exception as exc:  # noqa: BLE001 - a user's __str__ (or a field asdict cannot copy) raised
+        return f"<a {type(value).__name__} that cannot be shown: {type(exc).__name__}>"
 
 
 PRINTABLE_DEPTH = 200
@@ -279,8 +282,9 @@ PRINTABLE_DEPTH = 200
 def _printable(value: Any, depth: int = 0, open_containers: frozenset[int] = frozenset()) -> Any:
     """``value`` as JSON can always write it: an integer too long for ``str`` (Python's digit limit) becomes a
     note of its size, a container holding itself a note of the cycle, nesting past :data:`PRINTABLE_DEPTH` a
-    note of the depth. What a workflow, tool or parser returned may hold any of them, and the episode's line
-    must still be written rather than fail the step that writes it."""
+    note of the depth, a key JSON refuses (a tuple, bytes) its text. What a workflow, tool or parser returned
+    may hold any of them, and the episode's line must still be written rather than fail the step that writes
+    it. Other objects go to :func:`_json_default`, which never raises."""
     if isinstance(value, int) and not isinstance(value, bool):
         try:
             str(value)
@@ -297,8 +301,17 @@ def _printable(value: Any, depth: int = 0, open_containers: frozenset[int] = fro
         return f"<nested deeper than {PRINTABLE_DEPTH} levels>"
     inner = open_containers | {id(value)}
     if isinstance(value, dict):
-        return {_printable(key, depth + 1, inner): _printable(item, depth + 1, inner) for key, item in value.items()}
+        return {_printable_key(key): _printable(item, depth + 1, inner) for key, item in value.items()}
     return [_printable(item, depth + 1, inner) for item in value]
+
+
+def _printable_key(key: Any) -> Any:
+    """A key JSON writes as it is (a string, a printable number, a boolean, None), else its text."""
+    if key is None or isinstance(key, (str, float)):
+        return key
+    if isinstance(key, int):
+        return _printable(key)
+    return _json_default(key)
 
 
 def write_jsonl(path, trajectories: Iterable[GraphTrajectory], mode: str = "a") -> None:

@@ -146,7 +146,7 @@ class CreditAssigner:
         unknown = sorted(str(k) for k in value if str(k) not in known)
         if unknown:
             noun = "roles" if spec.level == "role" else "turn node ids in this episode"
-            raise RewardValueError(f"returned {', '.join(map(repr, unknown))}, which are not {noun} (known: "
+            raise RewardValueError(f"returned {_first_few(unknown)}, which are not {noun} (known: "
                                    f"{', '.join(sorted(known)) or 'none'}); its value would reach no turn", function)
         scored, originals = {}, {}
         for k, v in value.items():
@@ -301,6 +301,19 @@ def _source(function: Callable[..., Any]) -> str:
         return f"{inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]}"
     except (TypeError, OSError):
         return repr(function)
+
+
+UNKNOWN_KEYS_SHOWN = 10
+"""How many of a reward's unknown keys its error names, each cut to :data:`UNKNOWN_KEY_CHARS` characters: a reward
+may return a million keys or a key of megabytes, and the error is printed and written into every failed episode."""
+UNKNOWN_KEY_CHARS = 60
+
+
+def _first_few(keys: Sequence[str]) -> str:
+    """``'a', 'b'``: the first :data:`UNKNOWN_KEYS_SHOWN` keys, then how many more there are."""
+    shown = ", ".join(repr(key) if len(key) <= UNKNOWN_KEY_CHARS else f"{key[:UNKNOWN_KEY_CHARS]!r}..."
+                      for key in keys[:UNKNOWN_KEYS_SHOWN])
+    return shown if len(keys) <= UNKNOWN_KEYS_SHOWN else f"{shown} and {len(keys) - UNKNOWN_KEYS_SHOWN} more"
 
 
 def _finite(value: int | float, function: Callable[..., Any]) -> int | float:

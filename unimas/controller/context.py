@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from unimas.config.schema import RoleConfig, WorkflowConfig
 from unimas.controller.conversation import conversation
 from unimas.controller.router import Router
-from unimas.controller.timeouts import call_with_timeout
-from unimas.errors import ParseError, UserError, describe
+from unimas.controller.timeouts import call_with_timeout, cancelled_from_outside
+from unimas.errors import ParseError, UserError, describe, exception_text
 from unimas.groups.base import Continuation, GenRequest
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 from unimas.workflow.templates import render
@@ -224,10 +224,12 @@ class EpisodeContext:
         node = ToolNode(id=f"tool:{name}#{index}", tool=name, arguments=plain, started=time.perf_counter())
         try:
             node.result = await call_with_timeout(self._tools[name], plain, self._tool_timeout_s)
-        except asyncio.CancelledError:
-            raise
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a failing tool is data, not a crash
-            node.error = f"{type(exc).__name__}: {exc}"
+        except asyncio.CancelledError as exc:
+            if cancelled_from_outside():  # the episode's time limit, or the step being stopped
+                raise
+            node.error = exception_text(exc)  # the tool raised it itself: a failing tool, like any other
+        except (Exception, SystemExit, GeneratorExit) as exc:  # noqa: BLE001 - a failing tool is data, not a crash
+            node.error = exception_text(exc)
         node.ended = time.perf_counter()
         return self.trajectory.add_node(node, self._consumed(after, arguments))
 
@@ -273,5 +275,5 @@ def _parse(node: TurnNode, spec: RoleConfig, parse: Callable[[str], Any] | None)
         node.parsed = parse(node.text)
     except ParseError as exc:
         node.parse_error = str(exc)
-    except Exception as exc:  # noqa: BLE001 - a parser plugin's bug is recorded like a parse failure
+    except (Exception, GeneratorExit) as exc:  # noqa: BLE001 - a parser plugin's bug is recorded like a parse failure
         node.parse_error = f"parser {spec.parser.name!r} failed: {describe(exc)}"

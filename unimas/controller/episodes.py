@@ -21,7 +21,7 @@ from unimas.config.schema import RoleConfig
 from unimas.controller.context import EpisodeContext
 from unimas.controller.router import Router
 from unimas.controller.specs import EpisodeSpec
-from unimas.controller.timeouts import Deadlines
+from unimas.controller.timeouts import Deadlines, cancelled_from_outside
 from unimas.errors import ModelGroupError, UserError, describe
 from unimas.trajectory import GraphTrajectory
 
@@ -59,8 +59,12 @@ class Controller:
                 else {"result": outcome}  # the type test first: isinstance against an ABC costs ~1 µs
         except (UserError, ModelGroupError):
             raise
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - one broken episode never stops the others
-            # SystemExit too: user code cannot end the run; KeyboardInterrupt (Ctrl-C) still does.
+        except asyncio.CancelledError as exc:
+            if cancelled_from_outside():  # the step is being stopped: not this episode's failure
+                raise
+            trajectory.fail(describe(exc), exc)  # raised by user code itself: its bug, like any other
+        except (Exception, SystemExit, GeneratorExit) as exc:  # noqa: BLE001 - one broken episode stops no other
+            # SystemExit and GeneratorExit too: user code cannot end the run; KeyboardInterrupt (Ctrl-C) still does.
             trajectory.fail(describe(exc), exc)
         trajectory.ended = time.perf_counter()
         return trajectory

@@ -87,15 +87,22 @@ class Deadlines:
             self._timer = loop.call_at(self._pending[task], self._expire, self._pending[task])
         cancelling = task.cancelling()
         try:
-            return await awaitable
+            result = await awaitable
+            if task in self._expired:  # user code caught the cancellation and went on: it still ran past the limit
+                task.uncancel()
+                raise self._timed_out()
+            return result
         except asyncio.CancelledError:
             # ours only when nobody else cancelled the task as well (as asyncio.timeout decides)
             if task in self._expired and task.uncancel() <= cancelling:
-                raise TimeoutError(f"{self.what} did not finish within {self.seconds:g} s") from None
+                raise self._timed_out() from None
             raise
         finally:
             self._pending.pop(task, None)
             self._expired.discard(task)
+
+    def _timed_out(self) -> TimeoutError:
+        return TimeoutError(f"{self.what} did not finish within {self.seconds:g} s")
 
     def _expire(self, armed_for: float) -> None:
         loop = asyncio.get_running_loop()
@@ -113,6 +120,15 @@ class Deadlines:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def cancelled_from_outside() -> bool:
+    """Whether the current task is being cancelled (``Task.cancel``), as opposed to user code having raised
+    ``asyncio.CancelledError`` itself, which is that code's bug. Called only once a ``CancelledError`` is caught.
+    Python 3.10 cannot tell the two apart (no ``Task.cancelling``): every ``CancelledError`` counts as a cancel."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
 
 
 async def call_with_timeout(function: Callable[..., Any], arguments: Mapping[str, Any], seconds: float) -> Any:

@@ -4,5 +4,5 @@
 filter, ``pipes`` captures its output, ``cli`` is ``unimas sandbox FILE``.
 It knows nothing of training: workflows and plugins call it.
 
-May import: errors.
+May import: errors, safe_load.
 """

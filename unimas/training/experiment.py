@@ -146,7 +146,10 @@ def _checked_task(task: Any, index: int, split: str, dataset: str) -> dict:
     if not isinstance(task, Mapping):
         raise UserError(f"a task must be a mapping of field -> value, got {type(task).__name__}: {task!r:.80}",
                         where=where)
-    task = dict(task, id=task.get("id", f"{split}-{index}"))
+    try:
+        task = dict(task, id=task.get("id", f"{split}-{index}"))
+    except Exception as exc:  # noqa: BLE001 - a mapping class of the plugin's that cannot be read
+        raise UserError(f"the task cannot be read as a mapping: {describe(exc)}", where=where) from None
     try:
         json.dumps(task)
     except (TypeError, ValueError, RecursionError) as exc:

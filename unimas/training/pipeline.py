@@ -32,7 +32,6 @@ not have, makes the checkpoint unusable instead of being dropped or trained.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Collection
@@ -133,9 +132,8 @@ class RolloutPipeline:
             return
         with open(directory / PENDING, "w") as handle:
             for step in sorted(pending):
-                for trajectory in pending[step]:
-                    handle.write(json.dumps({"step": step, "episode": trajectory.to_dict()},
-                                            separators=(",", ":"), default=str) + "\n")
+                for trajectory in pending[step]:  # to_json: what user code returned may be values JSON refuses
+                    handle.write(f'{{"step":{int(step)},"episode":{trajectory.to_json()}}}\n')
 
     def load(self, ready: dict[int, list[GraphTrajectory]]) -> None:
         """Continue with the rollouts a checkpoint saved (:func:`read_pending`)."""

@@ -29,6 +29,8 @@ from __future__ import annotations
 import ast
 from typing import Any, Callable, Mapping
 
+from unimas.errors import exception_text
+
 MAX_LENGTH = 1000
 MAX_DEPTH = 50
 MAX_REPEAT = 10_000
@@ -104,7 +106,7 @@ class Expression:
         except ExpressionError as exc:
             raise ExpressionError(f"{_quote(self.text)}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - any runtime failure is the expression's
-            raise ExpressionError(f"{_quote(self.text)}: {type(exc).__name__}: {exc}") from None
+            raise ExpressionError(f"{_quote(self.text)}: {exception_text(exc)}") from None
 
 
 def compile_expression(text: str) -> Expression:
