@@ -25,7 +25,7 @@ import os
 import pickle
 import stat
 from pathlib import Path
-from typing import Any, Iterator, TypeVar
+from typing import IO, Any, Iterator, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -41,17 +41,26 @@ class NotARegularFile(OSError):
     """A path given as a data file is a pipe, a socket or a device: reading it could block or never end."""
 
 
-def read_bytes(path: str | Path) -> bytes:
-    """The bytes of a data file someone named: a task file, a corpus, a program to sandbox.
+def open_regular(path: str | Path) -> IO[bytes]:
+    """``open(path, "rb")`` for a regular file (after symlinks) only, else :class:`NotARegularFile`.
 
-    A FIFO blocks its reader until some writer comes, and ``/dev/zero`` never ends, so anything but a
-    regular file (after symlinks) is refused as a :class:`NotARegularFile`, an ``OSError`` like a missing
-    file, for the caller to name.
+    A FIFO blocks its reader until some writer comes and ``/dev/zero`` never ends, so either one named as a
+    data file, or planted in a run directory, would hang whoever reads it. Opened without blocking and
+    checked on the open descriptor, so the file checked is the file read.
     """
-    if not stat.S_ISREG(os.stat(path).st_mode):
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
         raise NotARegularFile(errno.EINVAL, "not a regular file (a pipe or a device could be read without end)",
                               str(path))
-    return Path(path).read_bytes()
+    return os.fdopen(descriptor, "rb")
+
+
+def read_bytes(path: str | Path) -> bytes:
+    """The bytes of a data file someone named (a task file, a corpus, a program to sandbox), through
+    :func:`open_regular`."""
+    with open_regular(path) as handle:
+        return handle.read()
 
 
 @contextlib.contextmanager

@@ -89,8 +89,11 @@ def _outcome(stdout: Tail) -> dict:
     line = kept[start:].decode(errors="replace").strip()
     try:
         outcome = json.loads(line) if line else None
-    except ValueError:
-        outcome = None
+    except RecursionError:  # a RuntimeError, not a ValueError: it would have left the reason unsaid
+        raise AgentFailed(f"the agent's last line of stdout is JSON nested too deeply to read: {line[:200]!r}") \
+            from None
+    except ValueError as exc:  # also an integer longer than Python's digit limit, which the error names
+        raise AgentFailed(f"the agent's last line of stdout is not a JSON object ({exc}): {line[:200]!r}") from None
     if not isinstance(outcome, dict):
         raise AgentFailed(f"the agent's last line of stdout is not a JSON object: {line[:200]!r}")
     return outcome

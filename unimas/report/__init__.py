@@ -5,7 +5,7 @@ run, a running one, one that was killed mid-way and one that is damaged:
 what cannot be read is skipped, named on the page and in a warning line.
 ``write_overlay`` draws several runs into one page, one series per run.
 
-May import: errors, output.
+May import: errors, output, safe_load.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from unimas.errors import UserError
 from unimas.output.rundir import RunDir
 from unimas.report.data import RunData, load_run
+from unimas.report.sources import replace_file
 
 OVERLAY_NAME = "compare.html"
 """Where an overlay goes without ``--out``: the first run's directory, beside (not over) its own report.html."""
@@ -41,6 +42,16 @@ def _write(path: Path, page: str) -> Path:
     return path
 
 
+def _replace(path: Path, page: str) -> Path:
+    """Write the page in the run directory, replacing what is there (see :func:`replace_file`)."""
+    try:
+        # errors="replace": a lone surrogate from a JSON escape in a metric name must not stop the page.
+        replace_file(path, page.encode("utf-8", errors="replace"))
+    except OSError as exc:
+        raise UserError(f"cannot write the report here ({exc.strerror or exc})", where=str(path)) from None
+    return path
+
+
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write ``RUN_DIR/plots/*.png`` and ``RUN_DIR/report.html`` (or only the page, at ``out``); the page's path.
 
@@ -60,7 +71,7 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
         write_plots(run, plots)
     except OSError as exc:
         raise UserError(f"cannot write the report here ({exc.strerror or exc})", where=str(plots)) from None
-    return _write(path, render([run]))
+    return _replace(path, render([run]))
 
 
 def write_overlay(run_dirs: list[Path], out: Path | None = None) -> Path:
@@ -72,7 +83,7 @@ def write_overlay(run_dirs: list[Path], out: Path | None = None) -> Path:
     for run, name in zip(runs, run_names([run.root for run in runs])):
         run.name = name
     if out is None:
-        out = RunDir(runs[0].root).owned(runs[0].root / OVERLAY_NAME)
+        return _replace(RunDir(runs[0].root).owned(runs[0].root / OVERLAY_NAME), render(runs))
     return _write(Path(out), render(runs))
 
 

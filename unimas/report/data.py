@@ -26,6 +26,7 @@ import networkx as nx
 from unimas.output.run_end import RunEnd
 from unimas.report.sources import Note, Skipped, bounded, config_text, json_lines, metrics_records, read_config, \
     read_end
+from unimas.safe_load import open_regular
 
 MAX_TEXT = 2000
 """Characters of a text (response, message, prompt) kept per node; the rest is cut with a marker.
@@ -186,22 +187,31 @@ def _primary_reward(rewards: list[dict[str, Any]]) -> str | None:
 
 def _read_episodes(path: Path, primary: str | None,
                    note: Note) -> list[dict[str, Any]]:
-    """The drawable episodes of one trajectory file, slimmed line by line so memory follows what is kept."""
+    """The drawable episodes of one trajectory file that :func:`select_episodes` may keep, slimmed line by line.
+
+    Each step's candidates are cut back to its picks as they come, so memory follows what is kept, not the
+    length of the file (a long run's file holds tens of thousands of episodes).
+    """
     if not path.exists():
         return []
-    episodes = []
+    by_step: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             for number, text, whole in json_lines(handle, note):
                 try:
-                    episodes.append(slim_episode(json.loads(text), primary))
+                    episode = slim_episode(json.loads(text), primary)
+                    candidates = by_step[episode["step"]]
+                    candidates.append(episode)
+                    if len(candidates) > 4 * PER_OUTCOME:
+                        picked = {id(e) for e in step_picks(candidates)}
+                        candidates[:] = [e for e in candidates if id(e) in picked]  # in the order they came
                 except DamagedEpisode as exc:
                     note(number, f"{exc}; episode skipped")
                 except (ValueError, RecursionError):  # not JSON, integers too long, nesting too deep
                     note(number, "not valid JSON; skipped" if whole else "torn last line (run killed?); skipped")
     except OSError as exc:
         note(None, f"cannot be read ({exc.strerror or exc}); its episodes are not shown")
-    return episodes
+    return [episode for candidates in by_step.values() for episode in candidates]
 
 
 def finite(value: Any) -> float | None:
@@ -249,6 +259,23 @@ def conversation(value: Any) -> tuple[list[dict[str, str]], int]:
 def _text(value: Any) -> str | None:
     """Short text for a label or an error field, None kept as None."""
     return None if value is None else _cut(value)
+
+
+def shown_rewards(rewards: Any) -> dict[str, Any]:
+    """Reward key -> a number or a flat mapping of numbers (per role or turn), as the viewer shows them.
+
+    Numbers are made finite (or null) and anything deeper than those two levels becomes its JSON cut to
+    text: a reward nested a thousand levels deep in the file would exhaust the recursion of the page's own
+    JSON encoding and stop the whole report.
+    """
+    if not isinstance(rewards, dict):
+        return {}
+
+    def leaf(value: Any) -> Any:
+        return finite(value) if value is None or isinstance(value, (int, float)) else _cut(value)
+
+    return {str(key): {str(k): leaf(v) for k, v in value.items()} if isinstance(value, dict) else leaf(value)
+            for key, value in rewards.items()}
 
 
 def episode_score(episode: dict[str, Any], primary: str | None) -> float:
@@ -346,7 +373,7 @@ def slim_episode(episode: dict[str, Any], primary: str | None) -> dict[str, Any]
         "id": _text(episode.get("episode_id")), "task_id": _text(episode.get("task_id")), "step": step,
         # What a reader knows the task by: the dataset's own id; the internal uid only as a fallback.
         "task_label": _cut(dataset_id) if dataset_id is not None else _text(episode.get("task_id")),
-        "task": _cut(task), "outcome": _cut(outcome), "rewards": rewards if isinstance(rewards, dict) else {},
+        "task": _cut(task), "outcome": _cut(outcome), "rewards": shown_rewards(rewards),
         "error": _text(episode.get("error")), "failed": problems, "score": episode_score(episode, primary),
         "wall_s": finite((finite(episode.get("ended")) or 0.0) - (finite(episode.get("started")) or 0.0)) or 0.0,
         "nodes": nodes, "edges": [list(e) for e in edges],
@@ -362,9 +389,11 @@ def select_episodes(episodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(steps) > MAX_STEPS:
         stride = (len(steps) - 1) / (MAX_STEPS - 1)
         steps = sorted({steps[round(i * stride)] for i in range(MAX_STEPS)})
-    kept = []
-    for step in steps:
-        ranked = sorted(by_step[step], key=lambda e: -e["score"])
-        picks = ranked[:PER_OUTCOME] + ranked[-PER_OUTCOME:] + [e for e in ranked if e["failed"]][:PER_OUTCOME]
-        kept.extend({id(e): e for e in picks}.values())
-    return kept
+    return [episode for step in steps for episode in step_picks(by_step[step])]
+
+
+def step_picks(episodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One step's best, worst and failed few (``PER_OUTCOME`` each, ties in the order given), once each."""
+    ranked = sorted(episodes, key=lambda e: -e["score"])
+    picks = ranked[:PER_OUTCOME] + ranked[-PER_OUTCOME:] + [e for e in ranked if e["failed"]][:PER_OUTCOME]
+    return list({id(e): e for e in picks}.values())

@@ -9,20 +9,28 @@ when called from inside a notebook or a training process.
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import math
 from pathlib import Path
 from typing import Any, Callable
 
+import matplotlib
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from unimas.report.charts import CRITIC_METRICS, EPISODE_METRICS, GROUP_METRICS, ROLE_METRICS, plottable, series
 from unimas.report.data import RunData
+from unimas.report.sources import replace_file
 
 LINE_STYLES = ["-", "--", ":", "-."]
 """Cycled per line so that identical series (e.g. roles sharing a team reward) stay distinguishable."""
 LEFT_OUT = "{count} not drawn (NaN, ±inf, text or |value| > 1e300)"
+MAX_DRAWN = 12
+"""Roles and model groups drawn in the PNGs (the page charts them all). Each is a panel or a line with a
+legend entry, and a run directory can name thousands (as metric names): drawing them all took minutes and
+a figure of gigabytes."""
 
 
 PANEL_INCHES = (4.2, 3.0)
@@ -176,15 +184,25 @@ ONLY_WHEN = {"critic": lambda run: bool(run.critic_groups)}
 
 
 def write_plots(run: RunData, directory: Path) -> dict[str, Path]:
-    """Write every plot as ``directory/<stem>.png``; returns stem -> path in report order."""
+    """Write every plot as ``directory/<stem>.png``, replacing what is there (a symlink is not written
+    through: :func:`replace_file`); returns stem -> path in report order."""
     directory.mkdir(parents=True, exist_ok=True)
+    drawn = dataclasses.replace(run, roles=run.roles[:MAX_DRAWN], groups=run.groups[:MAX_DRAWN])
+    left_out = [f"{len(names)} {kind}" for kind, names in (("roles", run.roles), ("model groups", run.groups))
+                if len(names) > MAX_DRAWN]
+    note = f" (the first {MAX_DRAWN} of {' and '.join(left_out)} drawn)" if left_out else ""
     written = {}
-    for stem, (caption, build) in PLOTS.items():
-        if not ONLY_WHEN.get(stem, lambda run: True)(run):
-            continue
-        figure = build(run)
-        figure.suptitle(caption, fontsize=12)
-        path = directory / f"{stem}.png"
-        figure.savefig(path, dpi=90)
-        written[stem] = path
+    # Role and group names are text from the run directory: a "$" in one must not start a mathtext formula,
+    # which fails to parse (and stops the report) when the name is not valid TeX.
+    with matplotlib.rc_context({"text.parse_math": False}):
+        for stem, (caption, build) in PLOTS.items():
+            if not ONLY_WHEN.get(stem, lambda run: True)(drawn):
+                continue
+            figure = build(drawn)
+            figure.suptitle(caption + note, fontsize=12)
+            png = io.BytesIO()
+            figure.savefig(png, format="png", dpi=90)
+            path = directory / f"{stem}.png"
+            replace_file(path, png.getvalue())
+            written[stem] = path
     return written

@@ -8,6 +8,8 @@ instead of failing on the first bad byte.
 
 from __future__ import annotations
 
+import os
+import secrets
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from unimas.errors import UserError
 from unimas.output.jsonl import text_lines
 from unimas.output.metrics import read_metrics
 from unimas.output.run_end import RunEnd, read_run_end
+from unimas.safe_load import open_regular
 
 Note = Callable[[int | None, str], None]
 """``note(line number or None, why)``: records one damaged part of one file."""
@@ -46,12 +49,31 @@ class Skipped:
         return f"{self.file}:{self.line}: {self.why}" if self.line else f"{self.file}: {self.why}"
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` into a new file beside ``path``, then rename it over ``path``.
+
+    What the run directory holds at that name is replaced, never written through: a symlink planted as
+    ``plots/rewards.png`` or ``report.html`` would have the report overwrite the file it points at (the
+    run's metrics.jsonl, or any file of the user's), and a FIFO would block the writer forever.
+    """
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
+        with open(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, path)
+    finally:
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+
+
 def metrics_records(path: Path, note: Note) -> list[dict[str, Any]]:
     """The readable records of metrics.jsonl; a file that cannot be opened at all is the user's to fix."""
     if not path.exists():
         return []
     skipped: list[tuple[int, str]] = []
     try:
+        open_regular(path).close()  # read_metrics opens it by name: refuse a pipe or a device first
         records = read_metrics(path, skipped)
     except OSError as exc:
         raise UserError(f"cannot be read ({exc.strerror or exc})", where=str(path)) from None
@@ -100,7 +122,7 @@ def config_text(path: Path) -> str | None:
     """config.yaml's text for the page (invalid UTF-8 replaced); None when absent, unreadable or over the cap
     (:func:`read_config` has noted why)."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             raw = handle.read(MAX_CONFIG + 1)
     except OSError:
         return None
@@ -118,7 +140,7 @@ def read_end(root: Path, note: Note) -> RunEnd | None:
 
 def _load_yaml(path: Path, note: Note) -> Any:
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             raw = handle.read(MAX_CONFIG + 1)
         text = raw.decode("utf-8")
         if len(raw) > MAX_CONFIG:
