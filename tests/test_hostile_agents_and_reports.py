@@ -90,7 +90,7 @@ def test_a_pipe_or_a_device_in_place_of_a_run_file_is_skipped_not_read_forever(n
     plant(run / name, kind)
     loaded = load_run(run)
     assert [(item.file, item.why) for item in loaded.skipped] == [
-        (name, f"cannot be read (not a regular file (a pipe or a device could be read without end)); "
+        (name, "cannot be read (not a regular file (a pipe or a device could be read without end)); "
                + ("its episodes are not shown" if name == TRAIN else "ignored"))]
     assert [r["step"] for r in loaded.records] == [1, 2]
 
@@ -203,3 +203,24 @@ def test_a_long_trajectory_file_costs_the_memory_of_the_episodes_shown(tmp_path)
     everything = select_episodes([slim_episode(json.loads(line), "exact_match") for line in lines])
     assert [e["id"] for e in shown] == [e["id"] for e in everything] and len(shown) <= 3 * 3 * PER_OUTCOME
     assert peak < 4 << 20, f"{peak / 2**20:.0f} MiB to show {len(shown)} episodes"  # all 3000 kept: 17 MiB
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_resuming_a_run_whose_metrics_are_a_pipe_or_a_device_exits_2_naming_it(kind, tmp_path, capsys):
+    """On resume the trainer appends to metrics.jsonl and reads it to see whether the run already ended; a FIFO
+    there blocked the resume for good. Now it is refused by its kind, as a user error."""
+    from tests.conftest import EXAMPLES
+    from unimas.cli import main
+
+    run = tmp_path / "run"
+    quick = ["--set", "trainer.eval_every=0", "--set", "logging.report=false", "--set", "trainer.save_every=1"]
+    assert main(["train", str(EXAMPLES / "quickstart.yaml"), "--run-dir", str(run), "--set", "trainer.steps=1",
+                 *quick]) == 0
+    plant(run / "metrics.jsonl", kind)
+    code = main(["train", str(EXAMPLES / "quickstart.yaml"), "--run-dir", str(run), "--resume",
+                 "--set", "trainer.steps=2", *quick])
+    err = capsys.readouterr().err
+    assert code == 2 and "metrics.jsonl" in err and "Traceback" not in err
+    # a link to /dev/zero is refused as outside the run directory; a FIFO in it, by its kind
+    assert ("not a regular file" if kind == "fifo" else "outside") in err

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Optional
+from typing import Any, Awaitable, Callable, Mapping
 
 from unimas.config.schema import RoleConfig
 from unimas.controller.context import EpisodeContext

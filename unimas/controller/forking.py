@@ -22,8 +22,6 @@ agent's HTTP calls have no stable turn ids to key a replay on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import networkx as nx
 
 from unimas.controller.specs import EpisodeSpec, ReplayPrefix

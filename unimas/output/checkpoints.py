@@ -129,7 +129,8 @@ def verify(directory: Path) -> Manifest:
         files = {str(name): (int(entry["size"]), str(entry["sha256"])) for name, entry in data["files"].items()}
         manifest = Manifest(int(data["step"]), str(data["config_sha256"]), dict(data["frozen"]),
                             dict(data["mutable"]))
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, OverflowError,
+            RecursionError) as exc:  # 1e400 is infinity to int(); deep nesting exhausts the parser's stack
         raise CheckpointDamaged(path, f"not a valid manifest ({type(exc).__name__}: {exc})") from None
     for name, (size, sha) in files.items():
         file = directory / name

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -12,7 +15,9 @@ import numpy as np
 
 from unimas.algorithms.credit import reward_keys
 from unimas.config.schema import ExperimentConfig
+from unimas.errors import UserError
 from unimas.output.jsonl import text_lines
+from unimas.safe_load import open_regular
 from unimas.trajectory import GraphTrajectory
 
 
@@ -122,12 +127,32 @@ def throughput_metrics(trajectories: list[GraphTrajectory], group_metrics: dict[
     return metrics
 
 
+def append_regular(path: Path) -> int:
+    """A descriptor appending to ``path``, created when missing; a pipe or a device there is a :class:`UserError`.
+
+    Opening a FIFO for writing waits for a reader that never comes (a resume then hung before its first step),
+    and writing metrics into a device loses them; opened without blocking and checked on the descriptor.
+    """
+    refused = UserError("not a regular file (a pipe or a device where the run writes its metrics)", where=str(path))
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads
+            raise refused from None
+        raise UserError(f"cannot be written: {exc.strerror or exc}", where=str(path)) from None
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise refused
+    os.set_blocking(descriptor, True)
+    return descriptor
+
+
 class MetricsWriter:
     """Appends one JSON object per line, flushed per line, so a killed run stays readable."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._handle = open(path, "a", buffering=1)
+        self._handle = open(append_regular(path), "a", buffering=1)
 
     def write(self, record: Mapping[str, Any]) -> None:
         self._handle.write(json.dumps(record, separators=(",", ":")) + "\n")
@@ -143,11 +168,11 @@ def read_metrics(path: Path, skipped: list[tuple[int, str]] | None = None) -> li
     A torn last line (killed run), damaged or over-long lines and records
     without an integer ``step`` are left out, each appended to ``skipped`` as
     (line number, why) so a report can name what it did not show. Invalid
-    UTF-8 is replaced, not fatal. Raises ``OSError`` when the file cannot be read.
+    UTF-8 is replaced, not fatal. Raises ``OSError`` when the file cannot be read, or is not a regular file.
     """
     notes: list[tuple[int, str]] = [] if skipped is None else skipped
     records = []
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:  # a FIFO or /dev/zero planted as metrics.jsonl would never end
         # a step's record is a few KB; a line over 1 MiB is damage, not worth the memory
         for number, text, complete in text_lines(handle, lambda n, why: notes.append((n, why)), 1 << 20):
             try:

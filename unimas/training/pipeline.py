@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from unimas.algorithms.credit import CreditedTurn
 from unimas.config.schema import ExperimentConfig
 from unimas.errors import UserError
-from unimas.safe_load import parse_json_line, reading
+from unimas.safe_load import parse_json_line, read_bytes, reading
 from unimas.trajectory import GraphTrajectory
 
 PENDING = "pending_rollouts.jsonl"
@@ -72,8 +72,8 @@ def read_pending(directory: Path, checkpoint_step: int, roles: Collection[str]) 
     if not path.exists():
         return {}
     ready: dict[int, list[GraphTrajectory]] = defaultdict(list)
-    with reading(path):
-        lines = path.read_text(encoding="utf-8").splitlines()
+    with reading(path):  # a FIFO or /dev/zero planted here would block or never end: refused, named
+        lines = read_bytes(path).decode("utf-8").splitlines()
     for number, text in enumerate(lines, 1):
         record = parse_json_line(text, PendingRollout, path, number)
         where = f"{path}:{number}"

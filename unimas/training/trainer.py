@@ -357,7 +357,11 @@ class Trainer:
             raise RunAlreadyComplete(f"already complete at step {step} (trainer.steps: {self.config.trainer.steps}); "
                                      "nothing to resume")
         stop = self.config.stop_condition
-        logged = read_metrics(self.run_dir.metrics) if step and self.run_dir.metrics.exists() else []
+        try:
+            logged = read_metrics(self.run_dir.metrics) if step and self.run_dir.metrics.exists() else []
+        except OSError as exc:  # unreadable, or a pipe or device in the run's place
+            raise UserError(f"cannot be read to resume: {exc.strerror or exc}", where=str(self.run_dir.metrics)) \
+                from None
         records = [r for r in logged if r["step"] == step]
         if stop is not None and records and stop.reached(records[-1]):
             field = "trainer.stop_when" if self.config.trainer.stop_when is not None else "trainer.stop_at_accuracy"

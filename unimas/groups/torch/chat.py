@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
+from unimas.errors import UserError
 from unimas.groups.base import Continuation
 from unimas.groups.torch.codec import encode_batch
 
@@ -93,6 +94,54 @@ class PlainPromptIds:
 
 def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
+
+
+TEMPLATE_PROBE = [{"role": "user", "content": "hi"}]
+TEMPLATE_SECONDS = 10.0
+"""What rendering :data:`TEMPLATE_PROBE` may take: real chat templates need milliseconds."""
+TEMPLATE_MAX_CHARACTERS = 1 << 20
+"""What it may write: real chat templates write a few hundred characters for it."""
+
+
+class TemplateTooSlow(Exception):
+    """Raised inside a chat template's rendering once :data:`TEMPLATE_SECONDS` have passed."""
+
+
+def check_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
+    """Refuse a chat template that loops for hours or writes megabytes for a one-message conversation.
+
+    A template is a program (Jinja, sandboxed against side effects but not against time): two nested
+    ``range(100000)`` loops would stall every prompt of the run. It is rendered once here, at load, under a
+    deadline that a trace function enforces between the template's lines (rendering runs as Python code, and
+    a timer thread or a signal could not stop it in every thread). A template that fails on the probe is left
+    to fail per request, where the failure is reported with the request (:func:`failed_prompt`).
+    """
+    if not has_chat_template(tokenizer):
+        return
+    import sys
+    import time
+
+    deadline = time.monotonic() + TEMPLATE_SECONDS
+
+    def stop_when_late(frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > deadline:
+            raise TemplateTooSlow
+        return stop_when_late
+
+    previous = sys.gettrace()
+    sys.settrace(stop_when_late)
+    try:
+        text = _render(tokenizer, TEMPLATE_PROBE, generation_prompt=True)
+    except TemplateTooSlow:
+        raise UserError(f"the chat template runs for more than {TEMPLATE_SECONDS:g} s on a one-message "
+                        "conversation (a loop that does not end?): refused", where=where) from None
+    except Exception:  # noqa: BLE001 - a template may refuse this conversation; each request reports its own
+        return
+    finally:
+        sys.settrace(previous)
+    if len(text) > TEMPLATE_MAX_CHARACTERS:
+        raise UserError(f"the chat template writes {len(text)} characters for a one-message conversation (more "
+                        f"than {TEMPLATE_MAX_CHARACTERS}): refused", where=where)
 
 
 def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]], generation_prompt: bool,

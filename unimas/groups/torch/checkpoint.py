@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM
 
 from unimas.errors import UserError
 from unimas.groups.torch.options import MODEL_DIR
+from unimas.groups.torch.pretrained import pretrained_model
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
 if TYPE_CHECKING:
@@ -79,6 +79,8 @@ def check_weights(directory: Path) -> None:
 
     refuse_pickled_weights(directory)
     for path in sorted(Path(directory).rglob("*.safetensors")):
+        if not path.is_file():  # a FIFO would block the header read for ever
+            raise UserError("not a regular file (a pipe or a device is no weights file)", where=str(path))
         with reading(path), safe_open(path, framework="pt") as handle:
             handle.keys()
 
@@ -191,8 +193,7 @@ def copy_weights(target: torch.nn.Module, model_dir: Path, clean_names: bool, dt
     weights = model_dir / "model.safetensors"
     refuse_pickled_weights(model_dir)
     with reading(weights if weights.exists() else model_dir):
-        saved = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=dtype,
-                                                     use_safetensors=True)  # never a pickled .bin
+        saved = pretrained_model(model_dir, dtype)  # checked config, safetensors only, no code, every weight there
     source = saved.state_dict()
     with torch.no_grad():
         for key, value in target.state_dict(keep_vars=True).items():

@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from unimas.algorithms import functions as algorithms
 from unimas.config.schema import CriticConfig
@@ -50,6 +51,7 @@ from unimas.groups.torch import optimizer as optim_lib
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.layout import PaddedBatch, pad_rows
 from unimas.groups.torch.shared_prompts import SplitBatch, UnsharableCache, forward_split
+from unimas.groups.torch.pretrained import pretrained_model
 from unimas.groups.torch.training import full_rows, minibatches, turn_batch
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
@@ -94,9 +96,8 @@ def backbone_for(spec: GroupSpec, group_model: PreTrainedModel, vocabulary: int)
         return copy.deepcopy(group_model)
     where = f"models.{spec.name}.critic.path"
     try:
-        backbone = AutoModelForCausalLM.from_pretrained(config.path, local_files_only=True, use_safetensors=True,
-                                                        dtype=spec.options.torch_dtype)
-    except (OSError, ValueError, KeyError) as exc:
+        backbone = pretrained_model(Path(config.path), spec.options.torch_dtype)
+    except (OSError, ValueError, KeyError, RuntimeError, StrictDataclassError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"cannot load a critic model from {config.path!r}: {first}", where=where) from None
     size = backbone.get_input_embeddings().weight.shape[0]

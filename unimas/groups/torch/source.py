@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Optional
 from unimas.errors import UserError
 from unimas.groups.torch import tokenizer_files
 from unimas.groups.torch.options import MODEL_DIR, TorchOptions
+from unimas.groups.torch.pretrained import check_model_config, pretrained_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
 
 def load_tokenizer(options: TorchOptions, model_dir: Optional[Path]) -> "PreTrainedTokenizerBase":
     """The char tokenizer of a tiny spec, or the tokenizer saved in ``model_dir``; padding on the left."""
@@ -32,9 +32,16 @@ def load_tokenizer(options: TorchOptions, model_dir: Optional[Path]) -> "PreTrai
     else:
         from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, padding_side="left")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, padding_side="left",
+                                                  trust_remote_code=False)  # never code from the dir, never a prompt
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if model_dir is not None:
+        from unimas.groups.torch.chat import check_chat_template
+
+        template_file = model_dir / tokenizer_files.CHAT_TEMPLATE_FILE
+        check_chat_template(tokenizer, where=str(template_file if template_file.is_file()
+                                                 else model_dir / tokenizer_files.CONFIG_FILE))
     return tokenizer
 
 
@@ -45,7 +52,7 @@ def load_model(options: TorchOptions, name: str,
     ``seed`` only matters for a tiny spec (its random init). The returned
     dir is set for ``init_from``, whose LoRA adapters the group loads next.
     """
-    from transformers import AutoModelForCausalLM
+    from huggingface_hub.errors import StrictDataclassError
 
     from unimas.groups.torch import checkpoint
     from unimas.groups.torch.tiny import build_tiny_model
@@ -57,10 +64,11 @@ def load_model(options: TorchOptions, name: str,
     try:
         source = checkpoint.group_dir(Path(options.init_from), name) if options.init_from else None
         model_dir = source[1] if source else Path(options.path)
+        check_model_config(model_dir / "config.json", options.torch_dtype)  # the tokenizer reads it too
         tokenizer = load_tokenizer(options, model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=options.torch_dtype,
-                                                     use_safetensors=True)  # never a pickled .bin
-    except (OSError, ValueError, KeyError) as exc:  # missing weights or tokenizer, unknown model type
+        model = pretrained_model(model_dir, options.torch_dtype)
+    except (OSError, ValueError, KeyError, RuntimeError, StrictDataclassError) as exc:
+        # missing files, an unknown model type, weights of other shapes, a config.json value of the wrong type
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"cannot load a model from {getattr(options, key)!r}: {first}",
                         where=f"models.{name}.options.{key}") from None

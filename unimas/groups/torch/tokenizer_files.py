@@ -102,6 +102,8 @@ def _read(directory: Path, stamps: tuple) -> Optional[TokenizerFiles]:
     if config.get("clean_up_tokenization_spaces") and type(tokenizer.model).__name__ != "BPE":
         return None
     legacy_map = {} if "added_tokens_decoder" in config else _json(directory / SPECIAL_TOKENS_MAP_FILE) or {}
+    for source, name in ((config, CONFIG_FILE), (legacy_map, SPECIAL_TOKENS_MAP_FILE)):
+        _check_extras(source, directory / name)
     return TokenizerFiles(tokenizer, _special_tokens(config, legacy_map), _has_chat_template(directory, config))
 
 
@@ -111,7 +113,7 @@ def _json(path: Path) -> Optional[dict[str, Any]]:
         return None
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # deep nesting: recursion
         raise UserError(f"cannot read {path}: {exc}") from None
     if not isinstance(value, dict):
         raise UserError(f"{path} holds a JSON {type(value).__name__}, not the object a tokenizer file is")
@@ -135,6 +137,15 @@ def _token_text(value: Any) -> Optional[str]:
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return value["content"]
     return None
+
+
+def _check_extras(source: dict[str, Any], path: Path) -> None:
+    """Extra special tokens are a list or a mapping: a number there would fail, unnamed, in :func:`_special_tokens`."""
+    for key in EXTRA_KEYS:
+        listed = source.get(key)
+        if listed and not isinstance(listed, (list, dict)):
+            raise UserError(f"{path}: '{key}' holds a JSON {type(listed).__name__}, not a list of tokens or a "
+                            "mapping of names to tokens")
 
 
 def _special_tokens(config: dict[str, Any], legacy_map: dict[str, Any]) -> frozenset[str]:
