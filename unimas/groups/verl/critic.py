@@ -55,14 +55,15 @@ def _load_value_model(local_path: str, torch_dtype: torch.dtype, model_config: A
 
     verl's own loader asks for flash-attention (absent on CPU) and falls back
     to trl's value-head class; this one keeps the attention the group's config
-    names and reads safetensors only. The head's random init is drawn from a
+    names, reads safetensors only and never runs code from the model dir (whatever verl passes as
+    ``trust_remote_code``). The head's random init is drawn from a
     forked generator and then zeroed, so the process's RNG streams are untouched.
     """
     from transformers import AutoModelForTokenClassification
 
     with torch.random.fork_rng(devices=[]):
         model = AutoModelForTokenClassification.from_pretrained(
-            local_path, dtype=torch_dtype, config=model_config, trust_remote_code=trust_remote_code,
+            local_path, dtype=torch_dtype, config=model_config, trust_remote_code=False,  # never a dir's own code
             attn_implementation=getattr(model_config, "_attn_implementation", None) or "sdpa",
             local_files_only=True, use_safetensors=True)
     heads = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
@@ -97,7 +98,7 @@ def check_model_dir(spec: GroupSpec, vocabulary: int) -> None:
         raise UserError(f"{path!r} holds no safetensors weights (a local Hugging Face model dir; other weight "
                         "formats are not read)", where=where)
     try:
-        size = int(AutoConfig.from_pretrained(path, local_files_only=True).vocab_size)
+        size = int(AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False).vocab_size)
     except (OSError, ValueError, KeyError, AttributeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise UserError(f"cannot read a critic model config from {path!r}: {first}", where=where) from None

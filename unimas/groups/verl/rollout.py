@@ -76,7 +76,7 @@ class HFRollout(_base_class()):
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model = AutoModelForCausalLM.from_pretrained(self.model_config.local_path, dtype=dtype,
                                                      attn_implementation="sdpa", local_files_only=True,
-                                                     use_safetensors=True)
+                                                     use_safetensors=True, trust_remote_code=False)
         self.model = lora.wrap_rollout_model(model, self.model_config).to(self.device).eval().requires_grad_(False)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(self.config.seed))
