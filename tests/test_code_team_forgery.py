@@ -264,7 +264,7 @@ PLAIN_VALUES = [
 ]
 
 
-@pytest.mark.parametrize("value", PLAIN_VALUES, ids=repr)
+@pytest.mark.parametrize("value", PLAIN_VALUES, ids=[f"{i}-{type(v).__name__}" for i, v in enumerate(PLAIN_VALUES)])
 def test_the_codec_round_trips_plain_data_with_exact_types(value):
     decoded = plain_data.loads(plain_data.dumps(value))
     assert decoded == value and same_types(decoded, value)
