@@ -128,7 +128,8 @@ def test_an_override_key_deeper_than_a_config_may_nest_is_refused(place: str, ca
     assert_user_error(code, err, "--set", "keys deep", "at most 64 levels")
 
 
-@pytest.mark.parametrize("override", ["rewards.1.weight=2", "rewards.-1.weight=2", "rewards.x.weight=2"])
+@pytest.mark.parametrize("override", ["rewards.1.weight=2", "rewards.-1.weight=2", "rewards.x.weight=2",
+                                      f"rewards.{'9' * 5000}.weight=2"])  # int() refuses 5000 digits
 def test_an_override_past_the_end_of_a_list_names_the_list(override: str, capsys):
     code, err = run(capsys, "validate", QUICKSTART, "--set", override)
     assert_user_error(code, err, "--set", "'rewards' is a list", "(0 to 0)")

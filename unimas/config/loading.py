@@ -181,7 +181,7 @@ def apply_override(tree: dict, assignment: str) -> None:
 
 def _list_index(items: list, key: str, parents: list[str], path: str) -> int:
     """``key`` as an index into the list found at ``parents``; a UserError naming the list if it is not one."""
-    if not re.fullmatch(r"[0-9]+", key) or int(key) >= len(items):
+    if not re.fullmatch(r"[0-9]{1,9}", key) or int(key) >= len(items):  # {1,9}: int() of 5000 digits raises
         indices = f"0 to {len(items) - 1}" if items else "none: it is empty"
         raise UserError(f"'{'.'.join(parents)}' is a list, so '{key}' in '{path}' must be one of its indices "
                         f"({indices})", where="--set")
