@@ -6,6 +6,7 @@ carries values between the two processes.
 """
 
 import math
+import os
 
 import pytest
 from unimas_workflows import code_team as ct
@@ -191,6 +192,8 @@ def test_raising_stop_iteration_does_not_end_a_test_loop_early():
 
 
 @needs_sandbox
+@pytest.mark.skipif(os.geteuid() == 0, reason="as root the report pipe is root's and the thief cannot open it, so the "
+                    "test would pass with or without the defence; the attack needs an unprivileged user")
 def test_a_detached_process_cannot_steal_the_nonce_from_the_report_pipe():
     assert_no_credit(ct.run_tests_sync(REPORT_THIEF, ADD_TESTS, "add"))
 

@@ -46,15 +46,17 @@ def exiting_tool():
     sys.exit(4)
 
 
+async def tool_then_act(ctx, task):
+    """Calls tool ``t``, then role ``a``: the episode must go on past whatever the tool did."""
+    result = await ctx.tool("t")
+    answer = await ctx.act("a")
+    return {"tool_error": result.error, "answer": answer.text}
+
+
 @pytest.mark.parametrize("tool", [hung_sync_tool, hung_async_tool, exiting_tool])
 def test_a_tool_that_hangs_or_exits_is_an_error_on_its_node_and_the_episode_goes_on(tool):
-    async def workflow(ctx, task):
-        result = await ctx.tool("t")
-        answer = await ctx.act("a")
-        return {"tool_error": result.error, "answer": answer.text}
-
     started = time.perf_counter()
-    trajectories = run_controller(workflow, {"t": tool}, tool_timeout_s=0.3)
+    trajectories = run_controller(tool_then_act, {"t": tool}, tool_timeout_s=0.3)
     assert time.perf_counter() - started < 10
     for traj in trajectories:
         assert not traj.failed and traj.outcome["answer"]

@@ -12,14 +12,14 @@ import yaml
 from tests.conftest import EXAMPLES
 from tests.test_broken_inputs import FAST, assert_user_error, line_of, write_config, write_plugin
 from tests.test_credit import REWARDS, assigner, episode
+from tests.test_faults import tool_then_act
 from tests.test_router import EchoTransport
 from unimas.cli import main
 from unimas.config.schema import ParserConfig, RoleConfig
 from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
 from unimas.controller.specs import EpisodeSpec
-from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
-from unimas.trajectory import write_jsonl
+from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode, write_jsonl
 
 
 def run_episodes(workflow, tools=None, parsers=None, episodes=2, roles=None):
@@ -46,12 +46,7 @@ def raises_generator_exit():
 @pytest.mark.parametrize("tool", [raises_cancelled_error, raises_cancelled_error_async, raises_generator_exit])
 def test_a_tool_raising_cancelled_error_or_generator_exit_is_an_error_on_its_node(tool):
     """Both are BaseExceptions: they used to escape the tool call and take the whole step down with them."""
-    async def workflow(ctx, task):
-        result = await ctx.tool("t")
-        answer = await ctx.act("a")
-        return {"tool_error": result.error, "answer": answer.text}
-
-    for trajectory in run_episodes(workflow, {"t": tool}):
+    for trajectory in run_episodes(tool_then_act, {"t": tool}):
         assert not trajectory.failed, trajectory.error
         assert trajectory.outcome["tool_error"].startswith(("CancelledError", "GeneratorExit"))
         assert trajectory.outcome["answer"] == "A:Q"

@@ -60,18 +60,30 @@ def loads(text: str | bytes) -> Any:
     return _Decoder().value(tree, 0)
 
 
-class _Encoder:
+class _Walk:
+    """One walk over a value (encoding) or a message (decoding): the same item and depth limits both ways."""
+
+    def __init__(self, what: str):
+        self.items = 0
+        self.what = what
+
+    def visit(self, depth: int) -> None:
+        """Count one more item at ``depth``; past a limit, :class:`NotPlainData`."""
+        self.items += 1
+        if self.items > MAX_ITEMS:
+            raise NotPlainData(f"the {self.what} holds more than {MAX_ITEMS} items")
+        if depth > MAX_DEPTH:
+            raise NotPlainData(f"the {self.what} is nested deeper than {MAX_DEPTH} levels")
+
+
+class _Encoder(_Walk):
     """One value's walk: counts items across the whole value."""
 
     def __init__(self):
-        self.items = 0
+        super().__init__("value")
 
     def tagged(self, value: Any, depth: int) -> Any:
-        self.items += 1
-        if self.items > MAX_ITEMS:
-            raise NotPlainData(f"the value holds more than {MAX_ITEMS} items")
-        if depth > MAX_DEPTH:
-            raise NotPlainData(f"the value is nested deeper than {MAX_DEPTH} levels")
+        self.visit(depth)
         kind = type(value)
         if value is None or kind is bool or kind is str:
             return value
@@ -97,18 +109,14 @@ class _Encoder:
         raise NotPlainData(f"a {kind.__name__} is not plain data")
 
 
-class _Decoder:
+class _Decoder(_Walk):
     """One message's walk over the parsed JSON: exact types, and the same limits as the encoder."""
 
     def __init__(self):
-        self.items = 0
+        super().__init__("message")
 
     def value(self, tree: Any, depth: int) -> Any:
-        self.items += 1
-        if self.items > MAX_ITEMS:
-            raise NotPlainData(f"the message holds more than {MAX_ITEMS} items")
-        if depth > MAX_DEPTH:
-            raise NotPlainData(f"the message is nested deeper than {MAX_DEPTH} levels")
+        self.visit(depth)
         if tree is None or type(tree) is bool or type(tree) is str:
             return tree
         if type(tree) is not dict or len(tree) != 1:

@@ -78,8 +78,9 @@ def check_model_config(path: Path, dtype: "torch.dtype") -> None:
     from unimas.safe_load import read_bytes, reading
 
     with reading(path):
-        if os.stat(path).st_size > MAX_CONFIG_BYTES:
-            raise ValueError(f"{os.stat(path).st_size} bytes, more than a model config holds")
+        size = os.stat(path).st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{size} bytes, more than a model config holds")
         config = json.loads(read_bytes(path))
         if not isinstance(config, dict):
             raise ValueError(f"holds a JSON {type(config).__name__}, not an object")

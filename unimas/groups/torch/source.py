@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional
 from unimas.errors import UserError
 from unimas.groups.torch import tokenizer_files
 from unimas.groups.torch.options import MODEL_DIR, TorchOptions
-from unimas.groups.torch.pretrained import check_model_config, pretrained_model
+from unimas.groups.torch.pretrained import pretrained_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -64,9 +64,8 @@ def load_model(options: TorchOptions, name: str,
     try:
         source = checkpoint.group_dir(Path(options.init_from), name) if options.init_from else None
         model_dir = source[1] if source else Path(options.path)
-        check_model_config(model_dir / "config.json", options.torch_dtype)  # the tokenizer reads it too
-        tokenizer = load_tokenizer(options, model_dir)
-        model = pretrained_model(model_dir, options.torch_dtype)
+        model = pretrained_model(model_dir, options.torch_dtype)  # first: it checks config.json, which the
+        tokenizer = load_tokenizer(options, model_dir)  # tokenizer reads too (a FIFO there would block it)
     except (OSError, ValueError, KeyError, RuntimeError, StrictDataclassError) as exc:
         # missing files, an unknown model type, weights of other shapes, a config.json value of the wrong type
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
