@@ -171,3 +171,42 @@ def test_a_restart_with_no_live_node_offering_its_resource_fails_at_once(tmp_pat
     assert str(failure.value) == ("model group 'listener_model' failed during restart: RuntimeError: no live node "
                                   "can host it (0.5 CPU, 0 GPU, pool_a 1); start a node with `ray start "
                                   "--resources` offering {'pool_a': 1.0}")
+
+
+HUGE = str(10 ** 400)
+
+
+@pytest.mark.parametrize("text, expected", [
+    pytest.param("- {name: big, cpus: 8, gpus: 10000000000, memory_gb: 64}\n", "entry 1 (big): gpus: ",
+                 id="1e10-gpus"),
+    pytest.param("- {name: farm, count: 100000, cpus: 96, gpus: 1000, memory_gb: 1024}\n", "entry 1 (farm): gpus: ",
+                 id="100000-nodes-of-1000-gpus"),
+    pytest.param("- {name: farm, count: 100000, cpus: 96, gpus: 64, memory_gb: 1024}\n",
+                 "more than 1,000,000 GPUs in all; entry 1 alone", id="too-many-gpus-in-all"),
+    pytest.param("- {cpus: 8, gpus: " + "9" * 5000 + ", memory_gb: 64}\n", "gpus: an integer of 5000 digits",
+                 id="5000-digit-gpus"),
+    pytest.param("- {cpus: 8, gpus: " + HUGE + ", memory_gb: 64}\n", "entry 1: gpus: ", id="1e400-gpus"),
+    pytest.param("- {cpus: " + HUGE + ", memory_gb: 64}\n", "entry 1: cpus: ", id="1e400-cpus"),
+    pytest.param("- {cpus: 100000000, memory_gb: 64}\n", "entry 1: cpus: ", id="1e8-cpus"),
+    pytest.param("- {cpus: 8, memory_gb: " + HUGE + "}\n", "entry 1: memory_gb: ", id="1e400-memory"),
+    pytest.param("- {cpus: 8, memory_gb: 1.0e+30}\n", "entry 1: memory_gb: ", id="1e30-memory"),
+    pytest.param("- {cpus: 8, memory_gb: 64, resources: {pool: " + HUGE + "}}\n", "entry 1: resources.pool: ",
+                 id="1e400-custom"),
+    pytest.param("- {cpus: 8, memory_gb: 64, resources: {pool: 1.0e+300}}\n", "entry 1: resources.pool: ",
+                 id="1e300-custom"),
+])
+def test_counts_no_machine_has_are_refused_at_load_naming_the_entry_and_field(tmp_path, capsys, text, expected):
+    """10^10 GPUs ran the planner out of memory; 100,000 nodes of 1,000 GPUs took 105 s and then a traceback.
+
+    Bounds are checked when the file loads, before any plan is made, so each case
+    is a user error naming the node entry and the field (the test's timeout is
+    the "fast" part: no clock is asserted).
+    """
+    config = write_config(tmp_path, {})
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(text)
+    code = main(["validate", str(config), "--cluster", str(cluster)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"error: {cluster}: " in err and expected in err
+    assert "Traceback" not in err

@@ -37,6 +37,8 @@ MAX_BYTES = 1 << 20
 MAX_DEPTH = 64
 MAX_NODES = 100_000
 """Limits of a config file: size, nesting depth, and values once every alias is expanded."""
+MAX_INT_DIGITS = 4300
+"""Longest integer a file may write: ``int()``'s own default limit, past which it raises without a line."""
 
 _REFUSED_TAGS = ("binary", "set", "omap", "pairs")
 
@@ -83,13 +85,28 @@ class BoundedLoader(yaml.SafeLoader):
                                        "YAML would silently keep only the last one: remove or rename one",
                                        key_node.start_mark)
             seen[key] = key_node.start_mark
+        for key_node, value_node in node.value:
+            if isinstance(value_node, ScalarNode) and value_node.tag == "tag:yaml.org,2002:int":
+                self._check_int(value_node, f"{key_node.value}: ")
         return super().construct_mapping(node, deep)
+
+    def construct_yaml_int(self, node: ScalarNode) -> int:
+        self._check_int(node)
+        return super().construct_yaml_int(node)
+
+    def _check_int(self, node: ScalarNode, field: str = "") -> None:
+        """An integer past ``int()``'s digit limit is a ValueError with no line; refuse it naming key and line."""
+        digits = sum(c.isdigit() for c in node.value)
+        if digits > MAX_INT_DIGITS:
+            raise ConstructorError(None, None, f"{field}an integer of {digits} digits; no setting takes a number "
+                                   "this large", node.start_mark)
 
     def _refuse(self, node: Node) -> Any:
         raise ConstructorError(None, None, f"the tag {node.tag} is not supported in a config; write plain "
                                "strings, numbers, lists and mappings", node.start_mark)
 
 
+BoundedLoader.add_constructor("tag:yaml.org,2002:int", BoundedLoader.construct_yaml_int)
 BoundedLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
 for _tag in _REFUSED_TAGS:
     BoundedLoader.add_constructor(f"tag:yaml.org,2002:{_tag}", BoundedLoader._refuse)

@@ -13,7 +13,7 @@ planner the runtime uses (:mod:`unimas.runtime.placement`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
@@ -25,6 +25,17 @@ from unimas.runtime.placement import BUILTIN, GIB, Resources
 
 MAX_NODES = 100_000
 """Most nodes one file may describe (after ``count``): a plan, not a stress test."""
+MAX_GPUS_PER_NODE = 256
+"""Most GPUs one node may have: the largest single hosts have 16; a count beyond this is a typo or an attack
+(10**10 GPUs made the planner allocate a slot per device and run out of memory)."""
+MAX_GPUS = 1_000_000
+"""Most GPUs the whole file may describe (after ``count``): the planner keeps one slot per device."""
+MAX_CPUS_PER_NODE = 65_536
+"""Most CPUs one node may have (the largest hosts have a few thousand hardware threads)."""
+MAX_MEMORY_GB = 1_048_576
+"""Most memory one node may have, in GiB (1 PiB)."""
+MAX_CUSTOM = 1_000_000
+"""Most of one custom resource a node may offer (Ray counts them in 1/10,000 units in 64-bit integers)."""
 
 
 class ClusterNode(Strict):
@@ -33,19 +44,18 @@ class ClusterNode(Strict):
     name: Optional[str] = Field(None, min_length=1, description="label in the plan (with -0, -1, ... when count > "
                                 "1); default node<entry number>")
     count: int = Field(1, ge=1, le=MAX_NODES, description="identical nodes this entry stands for")
-    cpus: float = Field(gt=0, description="CPUs of the node (Ray's `--num-cpus`)")
-    gpus: int = Field(0, ge=0, description="GPU devices of the node (Ray's `--num-gpus`)")
-    memory_gb: float = Field(gt=0, description="memory Ray may reserve on the node, in GiB")
-    resources: dict[str, float] = Field(default_factory=dict, description="custom resources (Ray's `--resources`)")
+    cpus: float = Field(gt=0, le=MAX_CPUS_PER_NODE, description="CPUs of the node (Ray's `--num-cpus`)")
+    gpus: int = Field(0, ge=0, le=MAX_GPUS_PER_NODE, description="GPU devices of the node (Ray's `--num-gpus`)")
+    memory_gb: float = Field(gt=0, le=MAX_MEMORY_GB, description="memory Ray may reserve on the node, in GiB")
+    resources: dict[str, Annotated[float, Field(ge=0, le=MAX_CUSTOM)]] = Field(
+        default_factory=dict, description="custom resources (Ray's `--resources`)")
 
     @field_validator("resources")
     @classmethod
     def _custom(cls, resources: dict[str, float]) -> dict[str, float]:
-        for name, amount in resources.items():
+        for name in resources:
             if name in BUILTIN:
                 raise ValueError(f"'{name}' is built in: use cpus, gpus or memory_gb")
-            if amount < 0:
-                raise ValueError(f"'{name}': the amount must be >= 0")
         return resources
 
     def ray_resources(self) -> Resources:
@@ -89,7 +99,11 @@ def load_cluster(path: Path) -> tuple[Resources, list[tuple[str, Resources]]]:
     if problems:
         raise UserError("invalid cluster file:\n" + "\n".join(problems), where=str(path))
     if sum(entry.count for entry in entries) > MAX_NODES:
-        raise UserError(f"describes more than {MAX_NODES} nodes", where=str(path))
+        raise UserError(f"describes more than {MAX_NODES:,} nodes", where=str(path))
+    if sum(entry.count * entry.gpus for entry in entries) > MAX_GPUS:
+        biggest = max(range(len(entries)), key=lambda i: entries[i].count * entries[i].gpus)
+        raise UserError(f"describes more than {MAX_GPUS:,} GPUs in all; entry {biggest + 1} alone has "
+                        f"{entries[biggest].count:,} x {entries[biggest].gpus} (count x gpus)", where=str(path))
     nodes: list[tuple[str, Resources]] = []
     for index, entry in enumerate(entries, start=1):
         name = entry.name or f"node{index}"
