@@ -1,8 +1,12 @@
 """unimas: train LLM multi-agent systems with reinforcement learning.
 
 Everything a plugin author touches is importable from here; ``__all__`` is
-the stability contract (see ``docs/plugins.md``, "What is stable"). Deep
-imports (``unimas.controller.router`` ...) are internal and may change.
+the stability contract (see ``docs/plugins.md``, "What is stable"). An
+algorithm plugin (rollout control, replay buffer, update order, credit
+shaper) also imports from :mod:`unimas.methods`; the code tools use
+:mod:`unimas.sandbox`. Deep imports (``unimas.controller.router`` ...) are
+internal and may change: ``tests/test_public_surface.py`` holds the built-in
+plugins and workflows to these three.
 
 ``import unimas`` loads only pluggy and the small modules below: a plugin
 module imports unimas at its top, and ``unimas plugins`` imports every plugin,
@@ -22,9 +26,12 @@ from unimas.errors import ModelGroupError, ParseError, UserError
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from unimas.api import train
     from unimas.config.schema import ExperimentConfig
+    from unimas.contract.registry import Deferred
     from unimas.controller.context import EpisodeContext
     from unimas.groups.base import GenRequest, GenResult, GroupSpec, ModelGroup, NoOptions, TrainTurn
+    from unimas.safe_load import read_bytes
     from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
+    from unimas.workflow.safe_expr import ExpressionError, compile_expression
 
 __version__ = "0.2.0"
 
@@ -44,6 +51,10 @@ _LAZY = {
     "GenRequest": "unimas.groups.base",
     "GenResult": "unimas.groups.base",
     "TrainTurn": "unimas.groups.base",
+    "Deferred": "unimas.contract.registry",
+    "read_bytes": "unimas.safe_load",
+    "compile_expression": "unimas.workflow.safe_expr",
+    "ExpressionError": "unimas.workflow.safe_expr",
 }
 """Public name -> the module that defines it, imported when the name is first read."""
 
@@ -87,4 +98,8 @@ __all__ = [
     "ParserFactory",
     "EstimatorFn",
     "PolicyLossFn",
+    "Deferred",
+    "read_bytes",
+    "compile_expression",
+    "ExpressionError",
 ]

@@ -3,17 +3,16 @@
 
 Each name maps to the backend class itself: its ``options`` model validates
 ``models.<group>.options`` and its ``build`` classmethod makes the group. The
-classes are :class:`~unimas.contract.registry.Deferred`: their modules import torch,
+classes are :class:`unimas.Deferred`: their modules import torch,
 transformers or verl, which ``unimas plugins`` has no use for; the registry
 imports one when a config names it.
 """
 
 import unimas
-from unimas.contract.registry import Deferred
 
 
 @unimas.hookimpl
 def unimas_backends():
-    return {"torch": Deferred("unimas.groups.torch.backend", "TorchBackend"),
-            "openai": Deferred("unimas.groups.openai", "OpenAIModelGroup"),
-            "verl": Deferred("unimas.groups.verl.group", "VerlModelGroup")}
+    return {"torch": unimas.Deferred("unimas.groups.torch.backend", "TorchBackend"),
+            "openai": unimas.Deferred("unimas.groups.openai", "OpenAIModelGroup"),
+            "verl": unimas.Deferred("unimas.groups.verl.group", "VerlModelGroup")}

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import unimas
-from unimas.errors import UserError
-from unimas.safe_load import read_bytes
+from unimas import UserError, read_bytes
 
 
 def jsonl(split: str, seed: int, path: str, eval_path: str | None = None) -> list[dict]:

@@ -23,7 +23,7 @@ import threading
 from fractions import Fraction
 from typing import Any
 
-from unimas.trajectory import GraphTrajectory
+from unimas import GraphTrajectory
 
 MAX_CHARS = 256
 """Longest answer string handed to the symbolic checker (the end is kept: final answers come last)."""

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import unimas
-from unimas.safe_load import read_bytes
+from unimas import read_bytes
 
 MAX_K = 50
 MAX_SELECTION_DIGITS = 6

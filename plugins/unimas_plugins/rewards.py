@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import unimas
-from unimas.trajectory import GraphTrajectory
+from unimas import GraphTrajectory
 
 
 def _normalise(value) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import unimas
-from unimas.workflow.safe_expr import ExpressionError, compile_expression
+from unimas import ExpressionError, compile_expression
 
 
 def calculator(expression: str) -> float | int:

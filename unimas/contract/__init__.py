@@ -3,9 +3,10 @@
 ``hookspecs`` and ``protocols`` are what a plugin author reads; ``registry``
 collects every installed plugin's entries by kind. The protocols name the
 hub's and the spokes' types (``EpisodeContext``, ``ModelGroup``), so the
-contract sits above the controller and the groups; the layers below it that
-look plugins up by name take any table of the right shape
+contract sits above the controller and the groups, and the algorithm hooks'
+protocols name ``CreditedTurn`` (algorithms); the layers below it that look
+plugins up by name take any table of the right shape
 (:class:`unimas.algorithms.functions.PluginTable`).
 
-May import: controller, errors, groups, trajectory.
+May import: algorithms, controller, errors, groups, trajectory.
 """

@@ -13,29 +13,43 @@ and named after the hooks below. unimas finds plugins three ways:
 
 3. modules named in the experiment config under ``plugins: [my_module]``.
 
-Every hook returns a ``dict`` mapping a public name to an object whose
-shape is the Protocol in :mod:`unimas.contract.protocols` (or, for backends,
-:class:`unimas.contract.protocols.Backend`). Names are global per kind: two plugins that provide
-the same workflow name is an error that names both providers. A function
-named ``unimas_*`` that matches no hook below, or one that lacks
-``@unimas.hookimpl``, is an error too. See ``docs/plugins.md`` for runnable
-examples of every hook.
+Hooks are registries, not events: each takes no arguments and returns a
+``dict`` mapping a public name to an object whose shape is the Protocol in
+:mod:`unimas.contract.protocols`. unimas collects every plugin's dict by kind
+(:mod:`unimas.contract.registry`) and never calls a hook for a result, so
+pluggy's call options (``firstresult``, ``hookwrapper``) have no use here.
+Names are global per kind: two plugins that provide the same workflow name
+is an error that names both providers. A function named ``unimas_*`` that
+matches no hook below, or one that lacks ``@unimas.hookimpl``, is an error
+too. See ``docs/plugins.md`` for runnable examples of every hook.
 
-Stability: the first eight hooks and their signatures are stable (see
-``docs/plugins.md``, "What is stable"). The four algorithm hooks at the end
-(rollout controls, replay buffers, update orders, credit shapers; see
-``docs/algorithms.md``) are new and may still change.
+Stability (``docs/plugins.md``, "What is stable", says the same): the eight
+hooks of :data:`STABLE_HOOKS` and their protocols are stable. The four
+algorithm hooks of :data:`EXPERIMENTAL_HOOKS` (rollout controls, replay
+buffers, update orders, credit shapers; ``docs/algorithms.md``) are typed by
+their protocols and written against :mod:`unimas.methods`, but are newer and
+may still change. ``EstimatorFn`` and ``PolicyLossFn`` are verl's own
+signatures (a loss's ``config`` is a verl ``ActorConfig``), so those two
+follow the verl version unimas pins.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import pluggy
 
-from unimas.contract.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
+from unimas.contract.protocols import (Backend, CreditShaper, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn,
+                                       ReplayBuffer, Reward, RolloutControl, Tool, UpdateOrder, Workflow)
 
 hookspec = pluggy.HookspecMarker("unimas")
+
+STABLE_HOOKS = ("unimas_workflows", "unimas_rewards", "unimas_tools", "unimas_datasets", "unimas_parsers",
+                "unimas_estimators", "unimas_policy_losses", "unimas_backends")
+"""Hooks whose names, signatures and protocols change only with a major version."""
+EXPERIMENTAL_HOOKS = ("unimas_rollout_controls", "unimas_replay_buffers", "unimas_update_orders",
+                      "unimas_credit_shapers")
+"""The algorithm hooks: typed and documented, but newer; they may still change."""
 
 
 @hookspec
@@ -252,22 +266,27 @@ def unimas_backends() -> dict[str, Backend]:
 
 
 @hookspec
-def unimas_rollout_controls() -> dict[str, Callable[..., Any]]:
+def unimas_rollout_controls() -> dict[str, Callable[..., RolloutControl]]:
     """Return rollout controls by name (``algorithm.rollout``).
 
-    ``factory(**params)`` returns an object with
-    ``async def rollout(session, specs) -> list[GraphTrajectory]`` (see
-    :mod:`unimas.training.rollout`): it turns a step's episode specs into trajectories,
-    and may fork recorded episodes at a turn (``await session.fork([(parent,
-    k, siblings)])``), score them early (``session.score``) and spend more or
-    fewer samples per task. A control that forks sets ``uses_forks = True``
-    on its factory, so ``unimas validate`` refuses it for a ``workflow.agent``
-    program, whose episodes cannot be forked.
+    ``factory(**params)`` returns a :class:`~unimas.contract.protocols.RolloutControl`:
+    ``async def rollout(session, specs) -> list[GraphTrajectory]`` turns a
+    step's episode specs into trajectories through the
+    :class:`~unimas.contract.protocols.RolloutSession` it is handed, and may
+    fork recorded episodes at a turn (``await session.fork([(parent, k,
+    siblings)])``), score them early (``session.score``) and spend more or
+    fewer samples per task. A control that forks declares the capability
+    flag ``uses_forks = True`` on its factory, so ``unimas validate`` refuses
+    it for a ``workflow.agent`` program, whose episodes cannot be forked.
 
     Example::
 
+        from unimas.methods import EpisodeSpec, RolloutSession
+
         class BranchFirstTurn:
-            async def rollout(self, session, specs):
+            uses_forks = True
+
+            async def rollout(self, session: RolloutSession, specs: list[EpisodeSpec]):
                 roots = await session.run(specs[::2])
                 return roots + await session.fork([(root, 1, 1) for root in roots])
 
@@ -278,16 +297,18 @@ def unimas_rollout_controls() -> dict[str, Callable[..., Any]]:
 
 
 @hookspec
-def unimas_replay_buffers() -> dict[str, Callable[..., Any]]:
+def unimas_replay_buffers() -> dict[str, Callable[..., ReplayBuffer]]:
     """Return replay buffers by name (``algorithm.replay``).
 
-    ``factory(**params)`` returns an object with ``observe(trajectories,
-    step)``, ``revisit(specs, step) -> specs`` and ``mix(fresh, session) ->
-    list[GraphTrajectory]`` (see :mod:`unimas.training.replay`); mixed-in episodes are
-    made with :func:`unimas.training.replay.replayed_copy`, which records each turn's
-    staleness.
+    ``factory(**params)`` returns a :class:`~unimas.contract.protocols.ReplayBuffer`:
+    ``observe(trajectories, step)``, ``revisit(specs, step) -> specs`` and
+    ``mix(fresh, session) -> list[GraphTrajectory]``, optionally ``state()``
+    and ``load_state(state)`` to survive a resume; mixed-in episodes are made
+    with ``unimas.methods.replayed_copy``, which records each turn's staleness.
 
     Example::
+
+        from unimas.methods import replayed_copy
 
         class LastStep:
             def __init__(self):
@@ -300,8 +321,7 @@ def unimas_replay_buffers() -> dict[str, Callable[..., Any]]:
                 return specs
 
             def mix(self, fresh, session):
-                return [unimas.training.replay.replayed_copy(t, born, session.step, f"{t.episode_id}/r")
-                        for t, born in self.kept[:2]]
+                return [replayed_copy(t, born, session.step, f"{t.episode_id}/r") for t, born in self.kept[:2]]
 
         @unimas.hookimpl
         def unimas_replay_buffers():
@@ -310,13 +330,17 @@ def unimas_replay_buffers() -> dict[str, Callable[..., Any]]:
 
 
 @hookspec
-def unimas_update_orders() -> dict[str, Callable[..., Any]]:
+def unimas_update_orders() -> dict[str, Callable[..., UpdateOrder]]:
     """Return update orders by name (``algorithm.update_order``).
 
-    ``factory(**params)`` returns an object with ``stages(execution) ->
-    list[list[role]]`` (``execution``: roles in the order they first acted)
-    and ``adjust(role, turns, done) -> turns``, called before each stage with
-    the statistics of the roles already updated (see :mod:`unimas.training.update_order`).
+    ``factory(**params)`` returns an :class:`~unimas.contract.protocols.UpdateOrder`:
+    ``stages(execution) -> list[list[role]]`` (``execution``: roles in the
+    order they first acted) and ``adjust(role, turns, done) -> turns``, called
+    before each stage with the statistics of the roles already updated. Its
+    capability flags: ``needs_ratios`` (``adjust`` also gets each episode's
+    product of probability ratios of the stages before) and
+    ``rescales_advantages`` (``adjust`` changes advantages, which a critic's
+    per-token GAE would not see; ``unimas validate`` refuses that pair).
 
     Example::
 
@@ -334,12 +358,13 @@ def unimas_update_orders() -> dict[str, Callable[..., Any]]:
 
 
 @hookspec
-def unimas_credit_shapers() -> dict[str, Callable[..., Any]]:
+def unimas_credit_shapers() -> dict[str, Callable[..., CreditShaper]]:
     """Return credit shapers by name (``algorithm.credit``).
 
-    ``factory(**params)`` returns ``shape(turns) -> list[float]``: given a
-    step's trainable :class:`unimas.algorithms.credit.CreditedTurn` list (turn, its
-    trajectory, its group ``key``), it returns the per-turn signal the
+    ``factory(**params)`` returns a :class:`~unimas.contract.protocols.CreditShaper`,
+    ``shape(turns) -> list[float]``: given a step's trainable
+    ``unimas.methods.CreditedTurn`` list (turn, its trajectory, its group
+    ``key``), it returns the per-turn signal the
     estimator receives instead of the summed reward, and may rewrite each
     turn's ``key`` to change what is normalised together. Methods that
     compute whole advantages pair with ``algorithm.estimator: passthrough``.

@@ -18,9 +18,12 @@ from unimas.training import central_critic
 
 from unimas.config import plugin_params
 from unimas.config.schema import ExperimentConfig, RoleConfig
+from unimas.contract.protocols import (Backend, CreditShaper, ReplayBuffer, RolloutControl, UpdateOrder, capability,
+                                       declares)
 from unimas.contract.registry import Registry, build_registry, singular
 from unimas.errors import UserError
 from unimas.groups.verl import plan as verl_plan
+from unimas.preflight import references
 from unimas.report.data import model_mapping
 from unimas.runtime.build import backend_options
 from unimas.training.experiment import Experiment, make_parser
@@ -30,6 +33,9 @@ from unimas.workflow.templates import render, template_fields
 ALGORITHM_PLUGINS = {"rollout": "rollout_controls", "replay": "replay_buffers", "update_order": "update_orders",
                      "credit": "credit_shapers"}
 """``algorithm.<field>`` -> the registry kind its ``name`` must be registered under."""
+ALGORITHM_PROTOCOLS: dict[str, type] = {"rollout": RolloutControl, "replay": ReplayBuffer, "update_order": UpdateOrder,
+                                        "credit": CreditShaper}
+"""``algorithm.<field>`` -> the protocol its plugin follows, which declares the capability flags it may set."""
 
 TASK_SAMPLE = 64
 """Tasks of the train split whose keys and values are checked against the roles."""
@@ -57,7 +63,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             backend_options(config, registry, name)
         except UserError as exc:
             add(f"models.{name}.options", str(exc))
-        if group.trainable and not getattr(backend, "can_train", True):
+        if group.trainable and not capability(backend, Backend, "can_train"):
             add(f"models.{name}.trainable", f"backend '{group.backend}' only generates; set trainable: false")
         loss = config.algorithm_for(name).loss
         if group.trainable and loss not in losses:
@@ -67,6 +73,8 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             problems.extend(_snapshot_problems(config, name))
     problems.extend(verl_plan.config_problems(config))
     problems.extend(_scale_problems(config))
+    problems.extend(references.critic_path_problems(config))
+    problems.extend(references.credit_channel_problems(config))
 
     problems.extend(_algorithm_plugin_problems(config, registry))
     problems.extend(_loss_params_problems(config, registry, losses))
@@ -237,16 +245,22 @@ def _algorithm_plugin_problems(config: ExperimentConfig, registry: Registry) -> 
         params_problems = _params_problems(factory, entry.name, entry.params, f"algorithm.{field}.params")
         problems += params_problems
         if field == "update_order" and not params_problems and _takes_values(config, registry) \
-                and getattr(factory(**entry.params), "rescales_advantages", False):
+                and capability(factory(**entry.params), UpdateOrder, "rescales_advantages"):
             problems.append(("algorithm.update_order.params", f"'{entry.name}' with these params rescales each "
                              f"turn's advantage, but algorithm.estimator '{config.algorithm.estimator}' computes "
                              "per-token advantages from a critic inside the update, which the rescaling would "
                              "not reach; drop the params that rescale, or use an estimator without values"))
-        if config.workflow.agent is not None and getattr(factory, "uses_forks", False):
+        if config.workflow.agent is not None and _forks(field, factory):
             problems.append((f"algorithm.{field}.name", f"'{entry.name}' forks recorded episodes, which is not "
                              "supported for a workflow.agent program (its requests carry no turn ids to replay; "
                              "docs/algorithms.md); use a rollout control that does not fork"))
     return problems
+
+
+def _forks(field: str, factory: Any) -> bool:
+    """Whether the ``algorithm.<field>`` plugin made by ``factory`` forks recorded episodes (its declared flag)."""
+    protocol = ALGORITHM_PROTOCOLS[field]
+    return declares(protocol, "uses_forks") and capability(factory, protocol, "uses_forks")
 
 
 def _takes_values(config: ExperimentConfig, registry: Registry) -> bool:
@@ -460,7 +474,7 @@ def algorithm_summary(experiment: Experiment) -> list[str]:
             continue
         params = f" {entry.params}" if entry.params else ""
         lines.append(f"  {PLUGIN_LABELS[field]}: {entry.name}{params} ({_provider(registry, kind, entry.name)})")
-        if getattr(registry.get(kind, entry.name), "uses_forks", False):
+        if _forks(field, registry.get(kind, entry.name)):
             forks.append(f"algorithm.{field} '{entry.name}' forks recorded episodes")
     staleness = (f"{algo.max_staleness} (asynchronous: stale turns {algo.stale_turns}, importance cap "
                  f"{algo.importance_cap:g})" if algo.max_staleness else "0 (synchronous: rollouts, then updates)")

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from unimas.config import plugin_params
+from unimas.contract.protocols import ReplayBuffer, RolloutControl, UpdateOrder
 from unimas.contract.registry import singular
 from unimas.controller.episodes import Controller
 from unimas.controller.specs import EpisodeSpec
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from unimas.algorithms.credit import CreditAssigner
     from unimas.config.schema import AlgorithmPlugin
     from unimas.training.experiment import Experiment
-    from unimas.training.replay import ReplayBuffer
-    from unimas.training.update_order import UpdateOrder
 
 REPLAY_STATE = "replay_state.json"
 """In a checkpoint: the replay buffer's contents and the last step's episodes it has yet to observe."""
@@ -48,12 +47,6 @@ class ReplayState(BaseModel):
     previous_step: int = Field(ge=0)
     previous: list[str]
     buffer: Any = None
-
-
-class RolloutControl(Protocol):
-    """``await control.rollout(session, specs)``: the step's trajectories (forks included) for ``specs``."""
-
-    async def rollout(self, session: "RolloutSession", specs: list[EpisodeSpec]) -> list[GraphTrajectory]: ...
 
 
 class Rollout:

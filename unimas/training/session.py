@@ -20,7 +20,12 @@ if TYPE_CHECKING:
 
 
 class RolloutSession:
-    """A rollout control's handle on one step: run, fork and score episodes."""
+    """A rollout control's handle on one step: run, fork and score episodes.
+
+    Plugins see it through its protocol, :class:`unimas.contract.protocols.RolloutSession`
+    (``unimas.methods.RolloutSession``), which names what they may call; the controller and the
+    credit assigner it holds are internal.
+    """
 
     def __init__(self, controller: Controller, credit: "CreditAssigner", step: int, group_size: int):
         self.controller = controller
@@ -50,6 +55,7 @@ def episode_return(trajectory: GraphTrajectory) -> float:
 
 
 def by_task(trajectories: Sequence[GraphTrajectory]) -> dict[str, list[GraphTrajectory]]:
+    """Trajectories grouped by ``task_id`` (the GRPO group they are normalised in), in the order given."""
     groups: dict[str, list[GraphTrajectory]] = {}
     for traj in trajectories:
         groups.setdefault(traj.task_id, []).append(traj)

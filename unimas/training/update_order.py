@@ -26,29 +26,15 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import defaultdict
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, Sequence
 
+from unimas.contract.protocols import UpdateOrder, capability
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import TrainTurn
 from unimas.groups.base import Transport
 
 COUNTERS = frozenset({"weight_version"})
 """Statistics that count updates: after several stages the last value is the group's state, not the mean."""
-
-
-class UpdateOrder(Protocol):
-    def stages(self, execution: list[str]) -> list[list[str]]:
-        """Roles in stages, given the roles in the order they first acted this step."""
-
-    def adjust(self, role: str, turns: list[TrainTurn], done: Mapping[str, Mapping[str, float]]) -> list[TrainTurn]:
-        """``role``'s turns before its stage; ``done`` holds each already-updated role's group statistics.
-
-        An order whose ``needs_ratios`` is true also gets ``ratios``: episode -> product of the ratios
-        new/behaviour of the turns earlier stages trained in that episode (1.0 where they trained none).
-        One that changes ``advantage`` says so with ``rescales_advantages = True``: a group with a critic
-        replaces that scalar by per-token GAE advantages inside its update, so ``unimas validate`` refuses
-        such an order with an estimator that takes values (docs/critic.md).
-        """
 
 
 def execution_order(roles_in_time: Sequence[tuple[float, str]]) -> list[str]:
@@ -82,7 +68,7 @@ async def update_groups(transport: Transport, turns_by_group: Mapping[str, list[
                          f"the roles {sorted(by_role)} exactly once")
     done: dict[str, dict[str, float]] = {}
     per_group: dict[str, list[dict[str, float]]] = defaultdict(list)
-    with_ratios = bool(getattr(order, "needs_ratios", False))
+    with_ratios = capability(order, UpdateOrder, "needs_ratios")
     ratios: dict[str, float] = defaultdict(lambda: 1.0)
     for stage in stages:
         stage_turns: dict[str, list[TrainTurn]] = defaultdict(list)

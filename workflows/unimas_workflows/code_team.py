@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import unimas
-from unimas.errors import UserError
+from unimas import UserError
 from unimas.sandbox import runner as sandbox
 
 TOOL = "run_tests"

@@ -34,8 +34,7 @@ from unimas_plugins.math_rewards import REWARDS
 from unimas_plugins.parsers import last_balanced
 
 import unimas
-from unimas.errors import UserError
-from unimas.safe_load import read_bytes
+from unimas import UserError, read_bytes
 
 ANSWER_FORMATS = ("plain", "gsm8k", "math")
 

@@ -7,8 +7,8 @@ import statistics
 from collections import defaultdict
 from typing import Hashable, Iterable, Sequence
 
-from unimas.training.session import episode_return  # noqa: F401 - one definition of an episode's return for all methods
-from unimas.trajectory import GraphTrajectory, TurnNode
+from unimas import GraphTrajectory, TurnNode
+from unimas.methods import episode_return  # noqa: F401 - one definition of an episode's return for all methods
 
 
 def history_key(trajectory: GraphTrajectory, turn: TurnNode) -> str:

@@ -23,10 +23,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveInt
 
-from unimas.controller.forking import surprisal
-from unimas.controller.specs import EpisodeSpec
-from unimas.training.session import RolloutSession, by_task, episode_return
-from unimas.trajectory import GraphTrajectory
+from unimas import GraphTrajectory
+from unimas.methods import EpisodeSpec, RolloutSession, by_task, episode_return, surprisal
 
 
 def choose_forks(roots: list[GraphTrajectory], siblings: int, trigger: str,

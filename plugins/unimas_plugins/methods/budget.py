@@ -16,9 +16,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from unimas.controller.specs import EpisodeSpec
-from unimas.training.session import RolloutSession, by_task, episode_return
-from unimas.trajectory import GraphTrajectory
+from unimas import GraphTrajectory
+from unimas.methods import EpisodeSpec, RolloutSession, by_task, episode_return
 
 
 def extra_samples(returns: dict[str, list[float]], budget: int) -> dict[str, int]:

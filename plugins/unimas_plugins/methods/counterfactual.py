@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Callable
 
 from ._common import episode_return, leave_one_out
 
-if TYPE_CHECKING:  # unimas.algorithms.credit imports torch; the registry lists this shaper without it
-    from unimas.algorithms.credit import CreditedTurn
+if TYPE_CHECKING:  # CreditedTurn's module imports torch; the registry lists this shaper without it
+    from unimas.methods import CreditedTurn
 
 
 def decision_key(c: CreditedTurn, forked_points: set[tuple[str, str]]) -> str | None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 if TYPE_CHECKING:  # the registry lists this shaper without importing torch
-    from unimas.algorithms.credit import CreditedTurn
+    from unimas.methods import CreditedTurn
 
 
 def channel_value(raw: Any, role: str, turn_id: str) -> float:

@@ -19,8 +19,8 @@ from pydantic import Field, PositiveFloat
 
 from ._common import group_means, history_key
 
-if TYPE_CHECKING:  # unimas.algorithms.credit imports torch; the registry lists this shaper without it
-    from unimas.algorithms.credit import CreditedTurn
+if TYPE_CHECKING:  # CreditedTurn's module imports torch; the registry lists this shaper without it
+    from unimas.methods import CreditedTurn
 
 
 def hgpo(

@@ -47,7 +47,7 @@ def m2po(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token
                                                          "the kept tokens; null = clip_ratio ** 2 / 4")] = None):
     import torch
 
-    from unimas.algorithms.functions import agg_loss
+    from unimas.methods import agg_loss
 
     if tau is None:
         clip = getattr(config, "clip_ratio", 0.2) if config is not None else 0.2

@@ -19,10 +19,8 @@ from typing import Annotated, Any
 
 from pydantic import Field, FiniteFloat, NonNegativeInt, PositiveInt, Strict, StrictStr, TypeAdapter
 
-from unimas.controller.specs import EpisodeSpec
-from unimas.training.replay import replayed_copy
-from unimas.training.session import RolloutSession, by_task, episode_return
-from unimas.trajectory import GraphTrajectory
+from unimas import GraphTrajectory
+from unimas.methods import EpisodeSpec, RolloutSession, by_task, episode_return, replayed_copy
 
 
 _STATE = TypeAdapter(list[tuple[StrictStr, list[tuple[Annotated[NonNegativeInt, Strict()], StrictStr]]]])

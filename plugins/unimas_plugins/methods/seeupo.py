@@ -22,7 +22,7 @@ from typing import Annotated, Mapping, Optional
 
 from pydantic import Field
 
-from unimas.groups.base import TrainTurn
+from unimas import TrainTurn
 
 
 class ReverseExecution:
