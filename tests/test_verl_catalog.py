@@ -26,7 +26,7 @@ def fresh_catalog(tmp_path, monkeypatch):
     """An empty cache dir of this test's own, and no catalog loaded in this process yet."""
     monkeypatch.setenv("UNIMAS_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(verl_catalog, "_loaded", None)
-    return tmp_path / "cache" / "verl-algorithms.json"
+    return verl_catalog.cache_path(verl_catalog._install_key())
 
 
 def shape(fn) -> list[tuple[str, str, bool]]:
@@ -91,3 +91,29 @@ def test_validate_with_a_warm_cache_never_imports_verl(tmp_path):
     assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr[-2000:]
     assert "'verl'" in runs[0].stdout  # the first run imports verl once and writes the cache
     assert "IMPORTED []" in runs[1].stdout, runs[1].stdout
+
+
+def test_two_environments_alternating_each_keep_their_own_cache(fresh_catalog, monkeypatch):
+    """Issue 45.4: a CPU venv and a GPU venv share one cache dir; each validate after the first reads its file.
+
+    Two environments are simulated by two fingerprints (interpreter path, verl version); the count is of
+    recomputations (each one is an ``import verl`` in a real process), not of seconds.
+    """
+    real_version, described = verl_catalog.metadata.version, []
+
+    def describe(install):
+        described.append(install)
+        return real_describe(install)
+
+    real_describe = verl_catalog._describe
+    monkeypatch.setattr(verl_catalog, "_describe", describe)
+    environments = {"cpu": ("/envs/cpu/bin/python", "0.9.1"), "gpu": ("/envs/gpu/bin/python", "0.9.1+gpu")}
+    for name in ["cpu", "gpu", "cpu", "gpu", "cpu"]:  # each `unimas validate` is a fresh process
+        interpreter, version = environments[name]
+        monkeypatch.setattr(sys, "executable", interpreter)
+        monkeypatch.setattr(verl_catalog, "metadata", type("Metadata", (), {
+            "version": staticmethod(lambda dist, v=version: v if dist == "verl" else real_version(dist))}))
+        monkeypatch.setattr(verl_catalog, "_loaded", None)
+        assert "grpo" in verl_catalog.functions("estimators")
+    assert len(described) == 2, described  # once per environment, never again
+    assert len({verl_catalog.cache_path(install) for install in described}) == 2

@@ -5,10 +5,14 @@ a config needs only the facts a signature gives: which names exist and which
 inputs each function takes (an estimator that takes ``values`` needs a critic;
 one that takes ``index`` normalises within groups). So the first use after verl
 is installed or upgraded imports verl once and writes those facts to
-``<cache>/verl-algorithms.json`` (``$UNIMAS_CACHE_DIR``, else
-``$XDG_CACHE_HOME/unimas``, else ``~/.cache/unimas``), keyed by verl's version
-and its ``core_algos.py`` (path, size, mtime); later processes read the file
-instead. The file is read through :mod:`unimas.safe_load` against
+``<cache>/verl-algorithms-<key>.json`` (``$UNIMAS_CACHE_DIR``, else
+``$XDG_CACHE_HOME/unimas``, else ``~/.cache/unimas``); later processes read the
+file instead. ``<key>`` hashes the environment: the interpreter's path and
+version, verl's version and its ``core_algos.py`` (path, size, mtime). One
+file per environment, because a user with two environments (a CPU venv and a
+GPU one) runs both against one cache directory: with a single file each
+environment rewrote it for the other, and every ``unimas validate`` imported
+verl and torch again (20 s instead of half a second). The file is read through :mod:`unimas.safe_load` against
 :class:`Catalog`; one that does not validate, or was written for another
 install, is rebuilt. Each entry is a :class:`VerlFunction`: it has the verl
 function's signature and imports verl on its first call, so an estimator or
@@ -17,11 +21,14 @@ loss resolved from the catalog trains exactly as verl's own function.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import json
 import logging
 import os
+import platform
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
@@ -107,7 +114,7 @@ def _catalog() -> Catalog:
     global _loaded
     if _loaded is None:
         install = _install_key()
-        path = cache_dir() / "verl-algorithms.json"
+        path = cache_path(install)
         _loaded = _read(path, install)
         if _loaded is None:
             _loaded = _describe(install)
@@ -121,15 +128,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "unimas"
 
 
+def cache_path(install: str) -> Path:
+    """This environment's cache file: its name hashes ``install`` (:func:`_install_key`)."""
+    return cache_dir() / f"verl-algorithms-{hashlib.sha256(install.encode()).hexdigest()[:16]}.json"
+
+
 def _install_key() -> str:
-    """verl's version and its core_algos.py file, found without importing verl."""
+    """The interpreter (path, version), verl's version and its core_algos.py file, found without importing verl."""
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
         raise UserError("verl is not installed; unimas needs it for its estimators and policy losses "
                         "(pip install verl==0.9.1)")
     source = Path(list(spec.submodule_search_locations)[0]) / "trainer" / "ppo" / "core_algos.py"
     stat = source.stat()
-    return f"verl {metadata.version('verl')} {source} {stat.st_size} {stat.st_mtime_ns}"
+    return (f"python {sys.executable} {platform.python_version()}; "
+            f"verl {metadata.version('verl')} {source} {stat.st_size} {stat.st_mtime_ns}")
 
 
 def _read(path: Path, install: str) -> Catalog | None:
