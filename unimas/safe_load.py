@@ -11,8 +11,14 @@ one). Python's pickle runs code while it loads, so nothing here unpickles:
   (types, ranges), so a file of the wrong shape fails here, named, instead
   of as a ``KeyError`` somewhere in training.
 
+Both tensor loaders also refuse a floating-point tensor holding NaN or ±inf
+(:func:`refuse_non_finite`): a run never saves one (a non-finite update is
+skipped before the optimiser step), so such a value is damage or an edit, and
+loaded it would train every later step on NaN (a value head, an optimiser
+moment, an adapter).
+
 Every failure — missing, truncated, garbage, a pickle payload, a wrong
-schema — is a :class:`~unimas.errors.UserError` naming the file. Callers that
+schema, a non-finite tensor — is a :class:`~unimas.errors.UserError` naming the file. Callers that
 fall back to an earlier checkpoint catch that type.
 """
 
@@ -93,7 +99,9 @@ def load_tensors(path: Path, device: Any = "cpu") -> Any:
     path = Path(path)
     _must_exist(path)
     with reading(path):
-        return torch.load(path, map_location=device, weights_only=True)
+        loaded = torch.load(path, map_location=device, weights_only=True)
+    refuse_non_finite(loaded, path)
+    return loaded
 
 
 def load_safetensors(path: Path, device: str = "cpu") -> dict[str, Any]:
@@ -103,7 +111,25 @@ def load_safetensors(path: Path, device: str = "cpu") -> dict[str, Any]:
     path = Path(path)
     _must_exist(path)
     with reading(path):
-        return load_file(path, device=device)
+        loaded = load_file(path, device=device)
+    refuse_non_finite(loaded, path)
+    return loaded
+
+
+def refuse_non_finite(value: Any, path: Path, name: str = "") -> None:
+    """A :class:`UserError` naming ``path`` and the tensor if any floating-point tensor in ``value`` (tensors in
+    nested dicts, lists and tuples, as ``torch.load`` returns an optimiser state) holds NaN or ±inf."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() or value.is_complex():
+            if not bool(torch.isfinite(value).all()):
+                raise UserError(f"tensor '{name or '(the file)'}' holds NaN or infinite values; a run never saves "
+                                "them, so the file is damaged or was edited", where=str(path))
+        return
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        refuse_non_finite(item, path, f"{name}.{key}" if name else str(key))
 
 
 def load_json(path: Path, schema: type[Schema]) -> Schema:

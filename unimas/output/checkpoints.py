@@ -8,8 +8,10 @@ the config split in two (flattened to dotted keys):
   else or not load, so a resume that changes one is refused (exit 2):
   ``models.<g>.backend``, ``.options`` (architecture, tokenizer, weights
   source; except ``init_from``, whose initial weights the checkpoint
-  replaces), ``.lora`` (adapter shapes) and ``.trainable`` (whether optimiser
-  state exists); ``roles.<r>.model`` and ``.adapter`` (which weights act for
+  replaces), ``.lora`` (adapter shapes), ``.trainable`` (whether optimiser
+  state exists) and ``.critic.path`` (the value model's backbone: the saved
+  critic was trained on it, so another one mid-run is a different critic, or
+  one its weights do not fit); ``roles.<r>.model`` and ``.adapter`` (which weights act for
   a role); ``trainer.seed`` (task sampling and RNG streams continue from it);
   ``algorithm.estimator``, ``.grouping`` and ``.group_size`` (what the
   advantages, and so the optimiser moments, were built on).
@@ -74,7 +76,8 @@ def is_frozen(key: str) -> bool:
     """Whether a dotted config key must keep its checkpointed value on resume (see the module docstring)."""
     parts = key.split(".")
     if parts[0] == "models" and len(parts) >= 3:
-        return parts[2] in ("backend", "trainable", "lora") or (parts[2] == "options" and parts[3:4] != ["init_from"])
+        return parts[2] in ("backend", "trainable", "lora") or (parts[2] == "options" and parts[3:4] != ["init_from"]) \
+            or parts[2:4] == ["critic", "path"]
     if parts[0] == "roles" and len(parts) >= 3:
         return parts[2] in ("model", "adapter")
     return key in ("trainer.seed", "algorithm.estimator", "algorithm.grouping", "algorithm.group_size")

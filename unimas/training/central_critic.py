@@ -92,6 +92,9 @@ def config_problems(config: ExperimentConfig, registry: Registry, takes_values: 
         said = "is not set" if central is None else f"names '{central}', which is not declared under 'models'"
         return [("algorithm.central_critic", f"{said}: with critic: centralized name the model group that values "
                  f"every role's turns (declared: {', '.join(config.models)}; docs/critic.md)")]
+    policy = _policy_group_problems(config, central)
+    if policy:
+        return policy
     problems: list[tuple[str, str]] = []
     group = config.models[central]
     if not group.trainable:
@@ -104,16 +107,28 @@ def config_problems(config: ExperimentConfig, registry: Registry, takes_values: 
     if group.critic is None:
         problems.append((f"models.{central}.critic", "the centralized critic group needs a critic section (its "
                          "value model's settings, e.g. critic: {optim: {lr: 0.001}})"))
-    for name, role in config.roles.items():
-        if role.model == central:
-            problems.append((f"roles.{name}.model", f"'{central}' is the centralized critic group: it only values "
-                             "turns; put the role on another group"))
     for name, other in config.models.items():
         if name != central and other.critic is not None:
             problems.append((f"models.{name}.critic", f"with critic: centralized, '{central}' values this group's "
                              "turns; remove this per-group critic"))
     problems.extend(_tokenizer_problems(config, registry, central))
     return problems
+
+
+def _policy_group_problems(config: ExperimentConfig, central: str) -> list[tuple[str, str]]:
+    """``algorithm.central_critic`` naming a group that roles act with: both fields are named, the critic's first
+    (the other checks would only list what a policy group lacks as a critic, and hide the cause)."""
+    players = sorted(name for name, role in config.roles.items() if role.model == central)
+    if not players:
+        return []
+    others = sorted(name for name in config.models if name != central and not any(
+        role.model == name for role in config.roles.values()))
+    hint = f" (groups without roles: {', '.join(others)})" if others else ""
+    critic = ("algorithm.central_critic", f"names '{central}', the model group of role{'s' if len(players) > 1 else ''}"
+              f" {', '.join(players)}: the centralized critic is a group of its own that only values turns, with a "
+              f"critic section and no roles; name such a group{hint}, or move the roles (docs/critic.md)")
+    return [critic] + [(f"roles.{name}.model", f"'{central}' is the centralized critic group: it only values turns; "
+                        "put the role on another group") for name in players]
 
 
 def _tokenizer_problems(config: ExperimentConfig, registry: Registry, central: str) -> list[tuple[str, str]]:

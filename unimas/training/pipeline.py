@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from unimas.algorithms.credit import CreditedTurn
 from unimas.config.schema import ExperimentConfig
 from unimas.errors import UserError
+from unimas.output.checkpoints import notice
 from unimas.safe_load import parse_json_line, read_bytes, reading
 from unimas.trajectory import GraphTrajectory
 
@@ -65,13 +66,16 @@ def read_pending(directory: Path, checkpoint_step: int, roles: Collection[str]) 
     """The rollouts a checkpoint of ``checkpoint_step`` saved, by step; none when it has no :data:`PENDING`.
 
     A line that does not parse, an episode of a step the checkpoint already
-    trained (0-based step below ``checkpoint_step``) or of a role not in
-    ``roles`` is a :class:`UserError` naming the file and line.
+    trained (0-based step below ``checkpoint_step``), of a step it cannot hold
+    (the pipeline starts steps in order, so the saved ones are the steps right
+    after ``checkpoint_step`` with none missing) or of a role not in ``roles``
+    is a :class:`UserError` naming the file and line.
     """
     path = directory / PENDING
     if not path.exists():
         return {}
     ready: dict[int, list[GraphTrajectory]] = defaultdict(list)
+    first_line: dict[int, int] = {}
     with reading(path):  # a FIFO or /dev/zero planted here would block or never end: refused, named
         lines = read_bytes(path).decode("utf-8").splitlines()
     for number, text in enumerate(lines, 1):
@@ -88,6 +92,13 @@ def read_pending(directory: Path, checkpoint_step: int, roles: Collection[str]) 
             raise UserError(f"an episode played by role(s) {', '.join(strangers)}, which this run does not have "
                             "(another run's file?)", where=where)
         ready[record.step].append(episode)
+        first_line.setdefault(record.step, number)
+    for expected, step in enumerate(sorted(ready), start=checkpoint_step):
+        if step != expected:
+            raise UserError(f"rollouts of step {step + 1}, but the checkpoint of step {checkpoint_step} can hold "
+                            f"only the steps right after it, in order (step {expected + 1} is missing): copied "
+                            "from another checkpoint or run? Refused, not dropped",
+                            where=f"{path}:{first_line[step]}")
     return dict(ready)
 
 
@@ -136,8 +147,15 @@ class RolloutPipeline:
                     handle.write(f'{{"step":{int(step)},"episode":{trajectory.to_json()}}}\n')
 
     def load(self, ready: dict[int, list[GraphTrajectory]]) -> None:
-        """Continue with the rollouts a checkpoint saved (:func:`read_pending`)."""
-        self.ready = dict(ready)
+        """Continue with the rollouts a checkpoint saved (:func:`read_pending`); those of steps past the run's end
+        (``trainer.steps`` lowered on resume) are dropped with a notice, never silently."""
+        beyond = sorted(step for step in ready if step >= self.steps)
+        if beyond:
+            count = sum(len(ready[step]) for step in beyond)
+            notice(f"{count} pending rollout(s) saved in the checkpoint ({PENDING}) for step(s) "
+                   f"{', '.join(str(step + 1) for step in beyond)} are not trained: this run ends at step "
+                   f"{self.steps} (trainer.steps)")
+        self.ready = {step: episodes for step, episodes in ready.items() if step < self.steps}
 
 
 class WeightVersions:

@@ -27,6 +27,7 @@ from unimas.contract.registry import singular
 from unimas.controller.episodes import Controller
 from unimas.controller.specs import EpisodeSpec
 from unimas.errors import UserError
+from unimas.output.checkpoints import notice
 from unimas.safe_load import load_json, reading
 from unimas.training.session import RolloutSession
 from unimas.trajectory import GraphTrajectory
@@ -46,7 +47,8 @@ class ReplayState(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     previous_step: int = Field(ge=0)
     previous: list[str]
-    buffer: Any = None
+    buffer: Any
+    """The buffer's ``state()``; null only for a buffer that keeps none (required: a file without it is damage)."""
 
 
 class Rollout:
@@ -85,19 +87,30 @@ class Rollout:
             "buffer": state() if state is not None else None}))
 
     def load(self, directory: Path, last_step: int) -> None:
-        """Restore what :meth:`save` wrote (a checkpoint without it: the buffer starts empty).
+        """Restore what :meth:`save` wrote; a checkpoint without it (written before ``algorithm.replay`` was set)
+        starts the buffer empty, with a notice.
 
         ``last_step``: the newest (0-based) step the checkpoint collected
         episodes for; episodes recorded as observed later come from another
-        checkpoint or run, and are refused with the file named.
+        checkpoint or run, and are refused with the file named. So is a file
+        without the buffer's contents for a buffer that keeps some: resuming
+        it empty would silently forget what it stored.
         """
         path = directory / REPLAY_STATE
-        if self.replay is None or not path.exists():
+        if self.replay is None:
+            return
+        if not path.exists():
+            notice(f"{directory} has no {REPLAY_STATE} (written before algorithm.replay was set?): the replay "
+                   "buffer starts empty")
             return
         state = load_json(path, ReplayState)
         if state.previous_step > last_step:
             raise UserError(f"previous_step {state.previous_step}: the checkpoint collected episodes up to step "
                             f"{last_step} only (copied from another checkpoint or run?)", where=str(path))
+        if state.buffer is None and hasattr(self.replay, "state") and hasattr(self.replay, "load_state"):
+            raise UserError("buffer: null, but this run's replay buffer keeps contents (state/load_state): they "
+                            "are missing, so the checkpoint is refused rather than resumed with an empty buffer",
+                            where=str(path))
         with reading(path):
             previous = [GraphTrajectory.from_json(text) for text in state.previous]
             if state.buffer is not None and hasattr(self.replay, "load_state"):
