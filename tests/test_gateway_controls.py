@@ -67,7 +67,8 @@ def test_neutral_and_ignored_fields_are_accepted_and_reported():
     call = parse_chat({"model": "agent", "messages": [{"role": "user", "content": "hi"}], "seed": 3,
                        "presence_penalty": 0, "logit_bias": {}, "temperature": 0.2, "frobnicate": 1, "stop": "x",
                        "tools": [tool("add")], "tool_choice": "required"}, ROLES, sampling=False)
-    assert set(call.ignored) == {"seed", "temperature", "frobnicate"} and "seed" in call.ignored["seed"]
+    assert set(call.ignored) == {"seed", "frobnicate"} and "seed" in call.ignored["seed"]
+    assert call.sampling == {"temperature": 0.2}  # honoured or refused per role: tests/test_gateway_in_practice.py
     assert call.stop == ["x"] and call.tool_choice == "required" and call.forced == '<tool_call>\n{"name": "'
     named = parse_chat({"model": "agent", "messages": [{"role": "user", "content": "hi"}], "tools": [tool("add")],
                         "tool_choice": {"type": "function", "function": {"name": "add"}}}, ROLES, sampling=False)

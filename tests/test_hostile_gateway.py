@@ -317,10 +317,11 @@ def test_a_wrong_method_is_a_405_saying_so_not_a_not_found():
 def test_remembered_responses_are_bounded_by_their_text_not_only_their_count(monkeypatch):
     """Each remembered response holds its whole conversation, and ``unimas serve`` has one session for every
     client: a chain of 4 MiB requests kept gigabytes. Past the text budget the oldest are forgotten, the newest
-    is always kept."""
+    is always kept (the budget counts bytes held, not characters: tests/test_gateway_in_practice.py)."""
     from unimas.gateway import responses
 
-    monkeypatch.setattr(responses, "KEPT_CHARACTERS", 1000)
+    entry = [{"role": "user", "content": "x" * 300}]
+    monkeypatch.setattr(responses, "KEPT_BYTES", 3 * responses.held_bytes(entry) + 10)  # room for three
     history = responses.ResponseHistory()
     for index in range(10):
         history.keep(f"r{index}", [{"role": "user", "content": "x" * 300}])

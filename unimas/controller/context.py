@@ -155,7 +155,7 @@ class EpisodeContext:
     async def chat(self, role: str, messages: list[dict[str, Any]], *, after: Iterable[Any] = (),
                    tools: list[dict[str, Any]] | None = None, stop: list[str] | None = None,
                    response_prefix: str = "", token_texts: bool = False,
-                   progress: Callable[[str, str], None] | None = None, **overrides: Any) -> TurnNode:
+                   progress: Callable[[str, str], None] | None = None, fresh: str = "", **overrides: Any) -> TurnNode:
         """A role turn on chat messages written by someone else (the OpenAI gateway's agents).
 
         Unlike ``act`` there is no template and no ``memory``: the messages are
@@ -172,6 +172,8 @@ class EpisodeContext:
         The role's previous turn is offered as the continuation, which the
         group uses only when these messages extend that conversation under
         the same tool list (otherwise the turn says why in ``rerendered``).
+        ``fresh``: why it must not be offered although the messages extend it
+        (the gateway found the previous answer edited); recorded as ``rerendered``.
         """
         if role not in self._roles:
             raise UserError(f"a request asked for role '{role}', which the config does not declare", where="roles")
@@ -181,7 +183,7 @@ class EpisodeContext:
         generation = spec.eval_generation if (self._greedy and spec.eval_generation) else spec.generation
         generation = generation.model_copy(update=overrides) if overrides else generation
         own = self.trajectory.turns(role)
-        previous = own[-1] if own and own[-1].prompt_ids and own[-1].messages else None
+        previous = own[-1] if own and own[-1].prompt_ids and own[-1].messages and not fresh else None
         continuation = None if previous is None else Continuation(
             messages=previous.messages, prompt_ids=previous.prompt_ids, response_ids=previous.response_ids,
             finished=previous.finished, tools=previous.tools)
@@ -205,7 +207,7 @@ class EpisodeContext:
             prompt_ids=result.prompt_ids, response_ids=result.response_ids, logprobs=result.logprobs,
             logprobs_exact=result.logprobs_exact, continued=result.continued, truncated=result.truncated,
             finished=result.finished, role_turn_index=index, started=started, ended=time.perf_counter(),
-            weight_version=result.weight_version, rerendered=result.rerendered or None, tools=tools,
+            weight_version=result.weight_version, rerendered=result.rerendered or fresh or None, tools=tools,
             forced_ids=result.forced_ids, stop=result.stop, token_texts=result.token_texts,
         )
         self.trajectory.add_node(node, self._consumed(after, {}))

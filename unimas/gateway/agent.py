@@ -37,11 +37,18 @@ from unimas.gateway.confine import READ_CHUNK, STOP_GRACE_S, Confinement, Tail, 
 from unimas.gateway.guard import is_loopback
 from unimas.gateway.server import GatewayServer
 from unimas.gateway.sessions import Episode
+from unimas.output.checkpoints import notice
 
 STDERR_KEPT = 4000
 """Characters of a failed agent's stderr kept in the episode's error (only that much of stderr is kept)."""
 OUTCOME_LIMIT = 1 << 20
 """Bytes of an agent's stdout kept: its last line, the outcome, must fit (more is the episode's error)."""
+NO_TURNS = ("an agent episode ({episode}) made no model request through the gateway, so it has nothing to train on. "
+            "The likely cause: a client-side cache answering repeated prompts (DSPy caches every call by default, "
+            "keyed without the base URL: dspy.configure_cache(enable_disk_cache=False, enable_memory_cache=False)), "
+            "or a client that does not use OPENAI_BASE_URL. Counted per step as episode/no_turns; a step where more "
+            "than trainer.no_turn_budget of the episodes made none skips its update (printed once per run)")
+"""The warning printed the first time an agent episode ends without a turn."""
 
 
 class AgentFailed(RuntimeError):
@@ -140,6 +147,7 @@ class AgentWorkflow:
         # a program gets a token of its own episode; an in-process function is the trainer's own code
         self.gateway = GatewayServer(roles, config.host, config.port, sealed=config.command is not None)
         self.function = load_function(config.function, config._config_dir) if config.function else None
+        self.warned_no_turns = False
         if self.function is not None and not is_loopback(config.host):
             raise UserError("a `function` agent cannot present its episode's token, which a gateway listening beyond "
                             "loopback requires: keep the default host 127.0.0.1, or run the agent as a `command`",
@@ -158,6 +166,11 @@ class AgentWorkflow:
             raise episode.fatal
         for name, value in episode.metrics:  # checked when posted; recorded here, on the controller's loop
             ctx.metric(name, value)
+        for name, count in sorted(episode.ignored.items()):
+            ctx.metric(name, count)
+        if not ctx.trajectory.turns() and not self.warned_no_turns:
+            self.warned_no_turns = True
+            notice(NO_TURNS.format(episode=ctx.trajectory.episode_id))
         return {**outcome, "agent_rewards": episode.rewards}
 
     async def _run_agent(self, task: dict, episode: Episode) -> Mapping[str, Any]:

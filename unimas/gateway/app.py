@@ -75,7 +75,10 @@ def build_app(lookup: Lookup, roles: list[str], token: str | None, hosts: frozen
             expected = episode_token(key) or ""  # read after the lookup: a closing episode's is gone, so refused
             if not expected or not hmac.compare_digest(given.encode(), expected.encode()):
                 raise GatewayError(401, "missing or wrong API key for this episode: send the OPENAI_API_KEY unimas "
-                                        "gave this episode's agent", code="invalid_api_key")
+                                        "gave this episode's agent (a framework that takes the key from its own "
+                                        "settings needs it there, e.g. Agent Lightning's LLM(..., "
+                                        "api_key=os.environ['OPENAI_API_KEY']): docs/gateway.md)",
+                                   code="invalid_api_key")
         return session
 
     async def models(request: Request, key: str | None = None) -> dict:

@@ -43,14 +43,18 @@ IGNORED = {
     "seed": "sampling draws from the model group's own seeded generator (the run's seed), so runs resume "
             "bit-identically",
     "user": "no effect on generation", "metadata": "no effect on generation", "store": "nothing is stored",
-    "service_tier": "no effect on generation", "parallel_tool_calls": "every well-formed call block is returned",
+    "service_tier": "no effect on generation",
     "reasoning_effort": "the role's generation settings govern the answer",
     "stream_options": "the last chunk always carries usage",
 }
 """Fields accepted without effect: listed with the reason in the response's ``unimas.ignored``."""
 
 HANDLED = {"model", "messages", "tools", "tool_choice", "stop", "max_tokens", "max_completion_tokens", "stream",
-           "temperature", "top_p", "n", "logprobs", "top_logprobs", "response_format", "modalities"}
+           "temperature", "top_p", "n", "logprobs", "top_logprobs", "response_format", "modalities",
+           "parallel_tool_calls"}
+SAMPLING_FIELDS = (("temperature", 0.0, 2.0), ("top_p", 1e-6, 1.0))
+"""Request fields that set the sampling distribution, with their valid range: honoured where the role's turns are
+not trained (and by ``unimas serve``), refused by name where they differ from a trained role's own settings."""
 
 
 @dataclass
@@ -77,6 +81,10 @@ class ChatCall:
     """``json_object`` / ``json_schema``: checked after generation; a miss is the turn's ``format_error``."""
     ignored: dict[str, str] = field(default_factory=dict)
     """Fields accepted without effect, with the reason (answered under ``unimas.ignored``)."""
+    sampling: dict[str, float] = field(default_factory=dict)
+    """``temperature`` / ``top_p`` as the request set them: the session honours or refuses them per role."""
+    single_call: bool = False
+    """``parallel_tool_calls: false``: only the answer's first tool call is returned (the rest is a format error)."""
 
 
 def parse_json(raw: bytes) -> dict[str, Any]:
@@ -136,7 +144,8 @@ def parse_chat(body: dict[str, Any], roles: set[str], sampling: bool) -> ChatCal
     return ChatCall(role, _messages(body.get("messages")), generation_overrides(body, sampling), stream=bool(stream),
                     tools=tools, stop=parse_stop(body.get("stop")), forced=forced, tool_choice=tool_choice,
                     logprobs=parse_logprobs(body), response_format=parse_response_format(body.get("response_format")),
-                    ignored=ignored_fields(body, sampling, HANDLED))
+                    ignored=ignored_fields(body, HANDLED), sampling=sampling_fields(body),
+                    single_call=parse_parallel_tool_calls(body))
 
 
 def parse_role(body: dict[str, Any], roles: set[str]) -> str:
@@ -164,7 +173,8 @@ def parse_role(body: dict[str, Any], roles: set[str]) -> str:
 
 
 def generation_overrides(body: dict[str, Any], sampling: bool, limit_field: str = "max_tokens") -> dict[str, Any]:
-    """``max_new_tokens`` from the token limit; temperature / top_p only when ``sampling`` (serving)."""
+    """``max_new_tokens`` from the token limit; temperature / top_p too when ``sampling`` (serving: every request is
+    sampled as it asks; a training episode decides per role, from :attr:`ChatCall.sampling`)."""
     overrides: dict[str, Any] = {}
     named = "max_completion_tokens" if body.get("max_completion_tokens") is not None else limit_field
     limit = body.get(named)
@@ -173,24 +183,34 @@ def generation_overrides(body: dict[str, Any], sampling: bool, limit_field: str 
             raise GatewayError(400, f"'{named}' must be a positive integer", param=named)
         overrides["max_new_tokens"] = limit
     if sampling:
-        for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 1e-6, 1.0)):
-            value = body.get(name)
-            if value is None:
-                continue
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
-                raise GatewayError(400, f"'{name}' must be a number in [{low:g}, {high:g}]", param=name)
-            overrides[name] = float(value)
+        overrides.update(sampling_fields(body))
     return overrides
 
 
-def ignored_fields(body: dict[str, Any], sampling: bool, handled: set[str]) -> dict[str, str]:
+def sampling_fields(body: dict[str, Any]) -> dict[str, float]:
+    """The request's ``temperature`` / ``top_p``, checked against their ranges (absent ones left out)."""
+    values = {}
+    for name, low, high in SAMPLING_FIELDS:
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+            raise GatewayError(400, f"'{name}' must be a number in [{low:g}, {high:g}]", param=name)
+        values[name] = float(value)
+    return values
+
+
+def parse_parallel_tool_calls(body: dict[str, Any]) -> bool:
+    """True when the request sets ``parallel_tool_calls: false`` (at most one call per answer)."""
+    value = body.get("parallel_tool_calls")
+    if value not in (None, True, False):
+        raise GatewayError(400, "'parallel_tool_calls' must be true or false", param="parallel_tool_calls")
+    return value is False
+
+
+def ignored_fields(body: dict[str, Any], handled: set[str]) -> dict[str, str]:
     """The request's fields that have no effect, each with the reason (answered under ``unimas.ignored``)."""
     ignored = {name: IGNORED[name] for name in IGNORED if body.get(name) is not None}
-    if not sampling:
-        for name in ("temperature", "top_p"):
-            if body.get(name) is not None:
-                ignored[name] = ("while training, the role's generation settings govern sampling (the update "
-                                 "assumes the turns were sampled from them)")
     known = handled | set(IGNORED) | set(REFUSED) | set(DISTRIBUTION_FIELDS)
     for name in sorted(set(body) - known):
         ignored[name] = "not a field the unimas gateway knows"
@@ -308,9 +328,11 @@ def _text(content: Any, where: str) -> str:
     raise GatewayError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
 
-def answer_parts(turn: TurnNode, call_tools: bool) -> tuple[str | None, list[dict[str, Any]], str]:
-    """(content, tool_calls, finish_reason) of a recorded turn; ``call_tools``: read calls out of its text."""
+def answer_parts(turn: TurnNode, call_tools: bool, single: bool = False) -> tuple[str | None, list[dict[str, Any]], str]:
+    """(content, tool_calls, finish_reason) of a recorded turn; ``call_tools``: read calls out of its text;
+    ``single``: only its first call (``parallel_tool_calls: false``)."""
     content, calls = split_calls(turn.text, turn.id) if call_tools else (turn.text, [])
+    calls = calls[:1] if single else calls
     finish = "tool_calls" if calls else "stop" if (turn.finished or turn.stop) else "length"
     return content, calls, finish
 
@@ -328,6 +350,9 @@ def unimas_notes(turn: TurnNode, ignored: dict[str, str]) -> dict[str, Any]:
         notes["stop"] = turn.stop
     if turn.rerendered:
         notes["rerendered"] = turn.rerendered
+    if not (turn.finished or turn.stop):
+        notes["cut_off"] = (f"the role's generation.max_new_tokens (or the request's lower limit) ended the answer "
+                            f"after {len(turn.response_ids)} tokens; the turn records finished: false")
     return notes
 
 
@@ -341,7 +366,7 @@ def token_logprobs(turn: TurnNode) -> list[dict[str, Any]]:
 def completion(turn: TurnNode, completion_id: str, tools: bool = False, call: ChatCall | None = None
                ) -> dict[str, Any]:
     """The chat.completion object for a recorded turn; ``tools``: read tool calls out of its text."""
-    content, calls, finish = answer_parts(turn, tools)
+    content, calls, finish = answer_parts(turn, tools, call is not None and call.single_call)
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls

@@ -20,6 +20,7 @@ turn is sampled (:mod:`unimas.gateway.streaming`).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import OrderedDict
 from typing import Any, AsyncIterator, Callable, Iterator
@@ -30,8 +31,10 @@ from unimas.gateway.protocol import (
     answer_parts,
     generation_overrides,
     ignored_fields,
+    parse_parallel_tool_calls,
     parse_role,
     parse_stop,
+    sampling_fields,
     streamed_content,
     token_logprobs,
     unimas_notes,
@@ -41,7 +44,7 @@ from unimas.gateway.tool_calls import assistant_calls, parse_tools
 from unimas.trajectory import TurnNode
 
 HANDLED = {"model", "input", "instructions", "tools", "tool_choice", "previous_response_id", "max_output_tokens",
-           "stream", "temperature", "top_p", "text", "include", "stop"}
+           "stream", "temperature", "top_p", "text", "include", "stop", "parallel_tool_calls"}
 IGNORED_HERE = {
     "truncation": "a prompt too long for the context follows the role's truncation setting",
     "prompt_cache_key": "no effect on generation", "prompt_cache_retention": "no effect on generation",
@@ -54,10 +57,24 @@ REFUSED_HERE = {
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 KEPT_RESPONSES = 1024
 """Responses a session remembers for ``previous_response_id`` (the oldest are forgotten first)."""
-KEPT_CHARACTERS = 64 * 2**20
-"""Message text a session's remembered conversations may hold together. Each holds its whole history, so a
-client growing one conversation by 4 MiB requests (the body limit) would otherwise keep gigabytes in
-``unimas serve``, whose one session serves every client; the oldest are forgotten first."""
+KEPT_BYTES = 64 * 2**20
+"""Memory a session's remembered conversations may hold together (their strings as Python stores them, and each
+message's own size). Each holds its whole history, so a client growing one conversation by 4 MiB requests (the
+body limit) would otherwise keep gigabytes in ``unimas serve``, whose one session serves every client; the oldest
+are forgotten first. Counted in bytes, not characters: a character outside Latin-1 takes 2 or 4 bytes, and a bound
+on characters let 300 concurrent requests of such text keep hundreds of MB."""
+
+
+def held_bytes(conversation: list[dict[str, Any]]) -> int:
+    """What the strings of a remembered conversation hold in memory (messages shared with another conversation are
+    counted in each: the bound is never exceeded, only reached sooner)."""
+    total = 0
+    for message in conversation:
+        total += sys.getsizeof(message)
+        total += sum(sys.getsizeof(value) for value in message.values() if isinstance(value, str))
+        for call in message.get("tool_calls") or []:
+            total += sys.getsizeof(json.dumps(call))  # the arguments as JSON: about what the parsed object holds
+    return total
 
 
 class ResponseHistory:
@@ -66,7 +83,8 @@ class ResponseHistory:
     def __init__(self) -> None:
         self._kept: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
         self._sizes: dict[str, int] = {}
-        self._characters = 0
+        self.bytes = 0
+        """What the remembered conversations hold (:func:`held_bytes`), at most :data:`KEPT_BYTES` after a keep."""
 
     def conversation(self, response_id: Any) -> list[dict[str, Any]]:
         if response_id is None:
@@ -80,15 +98,15 @@ class ResponseHistory:
     def keep(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
         self._forget(response_id)
         self._kept[response_id] = conversation
-        self._sizes[response_id] = sum(len(str(message.get("content") or "")) for message in conversation)
-        self._characters += self._sizes[response_id]
-        while len(self._kept) > KEPT_RESPONSES or (self._characters > KEPT_CHARACTERS and len(self._kept) > 1):
+        self._sizes[response_id] = held_bytes(conversation)
+        self.bytes += self._sizes[response_id]
+        while len(self._kept) > KEPT_RESPONSES or (self.bytes > KEPT_BYTES and len(self._kept) > 1):
             self._forget(next(iter(self._kept)))
 
     def _forget(self, response_id: str) -> None:
         if response_id in self._kept:
             del self._kept[response_id]
-            self._characters -= self._sizes.pop(response_id)
+            self.bytes -= self._sizes.pop(response_id)
 
 
 def parse_responses(body: dict[str, Any], roles: set[str], sampling: bool, history: ResponseHistory) -> ChatCall:
@@ -114,7 +132,7 @@ def parse_responses(body: dict[str, Any], roles: set[str], sampling: bool, histo
     include = body.get("include") or []
     if not isinstance(include, list):
         raise GatewayError(400, "'include' must be a list", param="include")
-    ignored = ignored_fields(body, sampling, HANDLED | set(IGNORED_HERE) | set(REFUSED_HERE))
+    ignored = ignored_fields(body, HANDLED | set(IGNORED_HERE) | set(REFUSED_HERE))
     ignored.update({name: why for name, why in IGNORED_HERE.items() if body.get(name) is not None})
     ignored.update({f"include[{value}]": "not produced" for value in include if value != LOGPROBS_INCLUDE})
     if body.get("top_logprobs") not in (None, 0):
@@ -124,7 +142,7 @@ def parse_responses(body: dict[str, Any], roles: set[str], sampling: bool, histo
     return ChatCall(role, messages, generation_overrides(body, sampling, "max_output_tokens"), stream=bool(stream),
                     tools=tools, stop=parse_stop(body.get("stop")), forced=forced, tool_choice=tool_choice,
                     logprobs=LOGPROBS_INCLUDE in include, response_format=text_format(body.get("text")),
-                    ignored=ignored)
+                    ignored=ignored, sampling=sampling_fields(body), single_call=parse_parallel_tool_calls(body))
 
 
 def input_messages(raw: Any) -> list[dict[str, Any]]:
@@ -209,7 +227,7 @@ def text_format(raw: Any) -> dict[str, Any] | None:
 
 def output_items(turn: TurnNode, call: ChatCall, response_id: str) -> list[dict[str, Any]]:
     """The response's ``output``: a message item for the text (if any), a function_call item per call."""
-    content, calls, _ = answer_parts(turn, bool(call.tools))
+    content, calls, _ = answer_parts(turn, bool(call.tools), call.single_call)
     items: list[dict[str, Any]] = []
     if content or not calls:
         part: dict[str, Any] = {"type": "output_text", "text": content or "", "annotations": []}
@@ -230,7 +248,7 @@ def response_shell(call: ChatCall, response_id: str, body: dict[str, Any]) -> di
         "id": response_id, "object": "response", "created_at": int(time.time()), "model": call.role,
         "status": "in_progress", "incomplete_details": None, "error": None,
         "instructions": body.get("instructions") or None, "output": [], "output_text": "",
-        "parallel_tool_calls": True, "previous_response_id": body.get("previous_response_id"),
+        "parallel_tool_calls": not call.single_call, "previous_response_id": body.get("previous_response_id"),
         "tool_choice": "required" if call.tool_choice == "required" else
         {"type": "function", "name": call.tool_choice} if call.tool_choice else "auto",
         "tools": [{"type": "function", **tool["function"]} for tool in call.tools or []],
@@ -244,12 +262,15 @@ def response_object(turn: TurnNode, call: ChatCall, response_id: str, history: R
     """The ``response`` for a recorded turn of the request ``body``; its conversation (without the
     instructions) is kept for ``previous_response_id``."""
     output = output_items(turn, call, response_id)
-    content, calls, finish = answer_parts(turn, bool(call.tools))
+    content, calls, finish = answer_parts(turn, bool(call.tools), call.single_call)
     answer: dict[str, Any] = {"role": "assistant", "content": content or ""}
     if calls:
         answer["tool_calls"] = assistant_calls({"tool_calls": calls}, "output")
     history.keep(response_id, [*call.messages[1 if body.get("instructions") else 0:], answer])
-    incomplete = finish == "length" and not calls
+    # `incomplete` only when the client's own max_output_tokens was reached: a client that set no limit (the Agents
+    # SDK by default) treats `incomplete` as a failed call, so a cut at the role's limit completes (unimas.cut_off)
+    asked = call.overrides.get("max_new_tokens")
+    incomplete = finish == "length" and not calls and asked is not None and len(turn.response_ids) >= asked
     return {
         **response_shell(call, response_id, body),
         "status": "incomplete" if incomplete else "completed",

@@ -30,7 +30,7 @@ from unimas.errors import UserError
 from unimas.gateway.app import build_app
 from unimas.gateway.guard import allowed_hosts, is_loopback  # noqa: F401 - is_loopback: also imported from here
 from unimas.gateway.protocol import GatewayError
-from unimas.gateway.sessions import Episode
+from unimas.gateway.sessions import Episode, IgnoredFields
 
 
 def free_port(host: str) -> int:
@@ -51,6 +51,8 @@ class GatewayServer:
         self._episodes: dict[str, Episode] = {}
         self._tokens: dict[str, str] = {}
         """Episode key -> the bearer token its requests must carry (sealed episodes only)."""
+        self.ignored = IgnoredFields()
+        """The run's record of ignored request fields: each (role, field) is printed once per run."""
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -99,7 +101,7 @@ class GatewayServer:
     def episode(self, context: EpisodeContext) -> Iterator[Episode]:
         """Open the episode's door for the duration of the block; its base URL is ``base_url(episode)``."""
         self.start()
-        episode = Episode(context, self.roles, asyncio.get_running_loop())
+        episode = Episode(context, self.roles, asyncio.get_running_loop(), self.ignored)
         if self.sealed:
             self._tokens[episode.key] = secrets.token_urlsafe(32)
         self._episodes[episode.key] = episode

@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import re
 import secrets
 import sys
+import threading
+from collections import Counter
 from typing import Any, Callable, Coroutine, Mapping
 
 from unimas.algorithms.credit import clip_reward, is_finite_number
 from unimas.config.schema import RoleConfig
 from unimas.controller.context import METRIC_NAME, EpisodeContext, PromptTooLong, RequestRefused, UnsupportedControl
 from unimas.controller.router import Router
-from unimas.gateway.protocol import ChatCall, GatewayError, answer_parts, format_error
-from unimas.gateway.responses import ResponseHistory
-from unimas.gateway.tool_calls import called_turn_ids
+from unimas.gateway.protocol import IGNORED, ChatCall, GatewayError, answer_parts, format_error
+from unimas.gateway.responses import IGNORED_HERE, ResponseHistory
+from unimas.gateway.tool_calls import called_turn_ids, split_calls
+from unimas.output.checkpoints import notice
 from unimas.trajectory import GraphTrajectory, TurnNode
 
 
@@ -62,9 +66,114 @@ def check_answer(turn: TurnNode, call: ChatCall) -> TurnNode:
     content, calls, _ = answer_parts(turn, bool(call.tools))
     if call.tool_choice is not None and not calls:
         turn.format_error = "tool_choice forced a call, but the answer is not a well-formed <tool_call> block"
+    elif call.single_call and len(calls) > 1:
+        turn.format_error = (f"parallel_tool_calls is false, but the answer made {len(calls)} calls: only the first "
+                             "was returned")
     else:
         turn.format_error = format_error(content, call.response_format)
     return turn
+
+
+def sampling_overrides(call: ChatCall, role: str, spec: RoleConfig) -> dict[str, float]:
+    """The request's ``temperature`` / ``top_p`` as generation overrides of a training episode's turn.
+
+    A role whose turns are never trained (``trainable: false``) samples as each request asks. A trained role's
+    update assumes its turns were sampled from its own settings: a value equal to them is applied (it changes
+    nothing), any other is refused by name rather than silently replaced.
+    """
+    if not call.sampling:
+        return {}
+    if not spec.trainable:
+        return dict(call.sampling)
+    for name, value in call.sampling.items():
+        own = getattr(spec.generation, name)
+        if abs(value - own) > 1e-9:
+            raise GatewayError(400, f"'{name}' is {value:g}, but role '{role}' is trained on turns sampled at its own "
+                                    f"{name} {own:g} (roles.{role}.generation.{name}): send {own:g} or leave '{name}' "
+                                    f"out, or set roles.{role}.trainable: false to sample each request as it asks",
+                               param=name)
+    return {}
+
+
+def _call_key(call: dict[str, Any]) -> tuple[str, str]:
+    """A tool call as a chat template renders it: its name and its arguments as a JSON value (not their spacing,
+    key order or call id, which are the client's encoding, not the model's words)."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            pass  # not JSON: compared as the text it is
+    return str(function.get("name")), json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+
+
+def edited_answer(turn: TurnNode, message: dict[str, Any]) -> str | None:
+    """What differs between the assistant ``message`` an agent sent in place of ``turn``'s answer and what ``turn``
+    sampled ("its tool calls", "its text"), or None when it is that answer.
+
+    Compared as the chat template would render them: the tool calls by name and arguments (:func:`_call_key`), the
+    text without surrounding whitespace (the gateway strips it off an answer with calls; clients and templates often
+    trim it). Only then may the sampled ids stand for the message in a continued prompt.
+    """
+    content, calls = split_calls(turn.text, turn.id) if turn.tools else (turn.text, [])
+    if [_call_key(c) for c in message.get("tool_calls") or []] != [_call_key(c) for c in calls]:
+        return "its tool calls"
+    if (message.get("content") or "").strip() != (content or "").strip():
+        return "its text"
+    return None
+
+
+def rerender_reason(trajectory: GraphTrajectory, call: ChatCall) -> str:
+    """Why the role's previous turn must not be continued although the messages extend its conversation: the
+    agent changed that turn's answer (empty: it did not, or the messages do not extend it, which the group sees)."""
+    own = trajectory.turns(call.role)
+    previous = own[-1] if own and own[-1].prompt_ids and own[-1].messages else None
+    if previous is None:
+        return ""
+    at = len(previous.messages)
+    messages = call.messages
+    if not (len(messages) > at + 1 and messages[at].get("role") == "assistant"
+            and list(messages[:at]) == list(previous.messages)):
+        return ""
+    what = edited_answer(previous, messages[at])
+    if what is None:
+        return ""
+    return (f"messages[{at}] differs from what {previous.id} sampled ({what}): the agent's version is rendered, "
+            "not replaced by the sampled ids")
+
+
+class IgnoredFields:
+    """Per run: the request fields the gateway accepted without effect, each (role, field) printed once.
+
+    Counted per episode (:meth:`Episode.chat`) as the metric ``gateway.ignored.<role>.<field>`` (logged as
+    ``workflow/...``: docs/gateway.md); fields the gateway does not know share the name ``unknown_fields``, so a
+    client sending many odd names makes one metric and one console line per role, not one per name.
+    """
+
+    def __init__(self) -> None:
+        self._printed: set[str] = set()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def metric(role: str, name: str) -> str:
+        known = name if name in IGNORED or name in IGNORED_HERE else "include" if name.startswith("include[") \
+            else "unknown_fields"
+        return f"gateway.ignored.{re.sub(r'[^A-Za-z0-9_.-]', '_', role)[:24]}.{known}"
+
+    def report(self, role: str, ignored: Mapping[str, str]) -> list[str]:
+        """The metric names of ``ignored``; prints each (role, metric) the first time the run sees it."""
+        names = []
+        for name, why in ignored.items():
+            metric = self.metric(role, name)
+            names.append(metric)
+            with self._lock:
+                first = metric not in self._printed
+                self._printed.add(metric)
+            if first:
+                notice(f"gateway: requests for role '{role}' set '{name}', which has no effect ({why}); counted "
+                       f"per step as workflow/{metric} (printed once per run)")
+        return names
 
 
 Progress = Callable[[str, str], None]
@@ -85,7 +194,9 @@ def refused_control(exc: UnsupportedControl) -> GatewayError:
 class Episode:
     """One episode's door: its context, the rewards its agent posted, and whether it is still open."""
 
-    def __init__(self, context: EpisodeContext, roles: Mapping[str, RoleConfig], loop: asyncio.AbstractEventLoop):
+    def __init__(self, context: EpisodeContext, roles: Mapping[str, RoleConfig], loop: asyncio.AbstractEventLoop,
+                 ignored: IgnoredFields | None = None):
+        """``ignored``: the run's record of ignored fields (a fresh one when None)."""
         readable = re.sub(r"[^A-Za-z0-9_.-]", "_", context.trajectory.episode_id)[:48]
         self.key = f"{readable}-{secrets.token_hex(6)}"
         """The path segment of its base URL: unguessable, so one episode cannot address another."""
@@ -99,6 +210,9 @@ class Episode:
         """(name, value) of each metric the agent posted, in order (``POST .../v1/metrics``)."""
         self.responses = ResponseHistory()
         """The conversations of this episode's Responses API answers, for ``previous_response_id``."""
+        self.ignored_fields = ignored or IgnoredFields()
+        self.ignored: Counter[str] = Counter()
+        """Metric name (:meth:`IgnoredFields.metric`) -> how often this episode's requests set that field."""
         self.fatal: BaseException | None = None
         """A failure that is not the agent's request's fault (a model group error): re-raised by the workflow."""
         self._inflight: set[concurrent.futures.Future] = set()
@@ -124,8 +238,11 @@ class Episode:
         if not self.open:
             raise GatewayError(404, "this episode has finished; its base URL takes no more requests",
                                code="episode_finished")
-        limit = self.roles[call.role].generation.max_new_tokens
-        overrides = {"max_new_tokens": min(call.overrides.get("max_new_tokens", limit), limit)}
+        self.ignored.update(self.ignored_fields.report(call.role, call.ignored))
+        spec = self.roles[call.role]
+        limit = spec.generation.max_new_tokens
+        overrides = {"max_new_tokens": min(call.overrides.get("max_new_tokens", limit), limit),
+                     **sampling_overrides(call, call.role, spec)}
         try:
             return check_answer(await self._on_episode_loop(self._turn(call, overrides, progress)), call)
         except UnsupportedControl as exc:
@@ -160,7 +277,8 @@ class Episode:
                 after.append(turn)
             await asyncio.sleep(0)
         return await self.context.chat(call.role, call.messages, after=after, progress=progress,
-                                       **turn_options(call), **overrides)
+                                       fresh=rerender_reason(self.context.trajectory, call), **turn_options(call),
+                                       **overrides)
 
     def post_reward(self, body: dict[str, Any]) -> dict[str, Any]:
         """Record ``{"turn": <turn or completion id>, "reward": <number>}`` for one of this episode's turns."""
@@ -208,9 +326,11 @@ class Serving:
         self.router = router
         self.served = 0
         self.responses = ResponseHistory()
+        self.ignored_fields = IgnoredFields()
 
     async def chat(self, call: ChatCall, progress: Progress | None = None) -> TurnNode:
         self.served += 1
+        self.ignored_fields.report(call.role, call.ignored)
         trajectory = GraphTrajectory(episode_id=f"serve-{self.served}", task_id="serve")
         context = EpisodeContext(trajectory, self.roles, self.router, tools={})
         limit = self.roles[call.role].generation.max_new_tokens  # a request may lower it, never raise it

@@ -29,6 +29,8 @@ from unimas.gateway.errors import GatewayError
 CALL_OPEN = "<tool_call>"
 CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 MAX_TOOLS = 64
+CHOICES = (None, "auto", "none", "required")
+"""The string values of ``tool_choice`` (an object names a function)."""
 
 
 def forced_opening(name: str | None) -> str:
@@ -53,6 +55,9 @@ def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str 
     """
     tools = body.get("tools")
     choice = body.get("tool_choice")
+    if not (choice in CHOICES or isinstance(choice, dict)):  # 3, "sometimes": malformed, with tools or without
+        raise GatewayError(400, "'tool_choice' must be auto, none, required or {type: function, function: {name}}",
+                           param="tool_choice")
     if tools in (None, []) or choice == "none":
         if isinstance(choice, dict) or choice == "required":
             raise GatewayError(400, "'tool_choice' forces a call but the request has no 'tools'", param="tool_choice")
@@ -65,6 +70,11 @@ def parse_tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, str 
                 and isinstance(function.get("name"), str) and function["name"]):
             raise GatewayError(400, f"tools[{i}] must be {{type: function, function: {{name, description, "
                                     "parameters}}}}", param=f"tools[{i}]")
+        for key, kind, shape in (("parameters", dict, "a JSON schema object"), ("description", str, "a string")):
+            if function.get(key) is not None and not isinstance(function[key], kind):
+                raise GatewayError(400, f"tools[{i}].function.{key} must be {shape}, not "
+                                        f"{type(function[key]).__name__} (a chat template renders it as given)",
+                                   param=f"tools[{i}].function.{key}")
     if choice in (None, "auto"):
         return tools, None, ""
     if choice == "required":
