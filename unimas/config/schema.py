@@ -396,6 +396,9 @@ class TrainerConfig(Strict):
     stop_when: Optional[StopCondition] = Field(None, description="end early once a logged metric crosses a threshold")
     failure_budget: float = Field(0.5, ge=0, le=1, description="max fraction of failed episodes in a step; a "
                                   "step over it skips its update")
+    no_turn_budget: float = Field(0.5, ge=0, le=1, description="max fraction of a step's episodes that made no "
+                                  "model turn (an agent answering from a client-side cache); a step over it skips its "
+                                  "update and counts as over `failure_budget`")
     max_failed_steps: int = Field(1, ge=1, description="consecutive steps over `failure_budget` that stop the run "
                                   "(1 = the first one)")
     on_nonfinite: Literal["skip", "stop"] = Field("skip", description="a NaN/inf advantage or loss: `skip` that "

@@ -99,6 +99,11 @@ def train_turn(c: CreditedTurn, role: RoleConfig) -> TrainTurn:
     )
 
 
+def no_turn_episodes(trajectories: list[GraphTrajectory]) -> list[GraphTrajectory]:
+    """The episodes that ended without failing yet made no model turn: nothing of them can be trained."""
+    return [t for t in trajectories if not t.failed and not t.turns()]
+
+
 class Trainer:
     def __init__(self, experiment: Experiment, run_dir: RunDir, transport: Transport,
                  log: Callable[[dict], None] | None = None):
@@ -160,7 +165,8 @@ class Trainer:
         update_s = time.perf_counter() - update_started
         self._check_nonfinite_updates(step, group_metrics)
 
-        metrics = {"step": step + 1, "episode/over_budget": float(over_budget)}
+        metrics = {"step": step + 1, "episode/over_budget": float(over_budget),
+                   "episode/no_turns": float(len(no_turn_episodes(trajectories)))}
         metrics.update(rollout_metrics(trajectories, self.config.roles, self.experiment.primary_reward))
         metrics.update(credit.metrics)
         metrics.update(staleness)
@@ -172,19 +178,27 @@ class Trainer:
         return metrics
 
     def _check_failure_budget(self, step: int, trajectories: list[GraphTrajectory]) -> bool:
-        """True when too many of the step's episodes failed: the step skips its update. After
-        ``trainer.max_failed_steps`` such steps in a row the run stops."""
+        """True when too many of the step's episodes failed, or made no model turn (nothing to train on: an agent
+        answering from a client-side cache): the step skips its update. After ``trainer.max_failed_steps`` such steps
+        in a row the run stops."""
         trainer = self.config.trainer
         failed = sum(t.failed for t in trajectories)
-        if failed <= trainer.failure_budget * len(trajectories):
+        silent = no_turn_episodes(trajectories)
+        if failed <= trainer.failure_budget * len(trajectories) and \
+                len(silent) <= trainer.no_turn_budget * len(trajectories):
             self.failed_steps_in_a_row = 0
             return False
         self.failed_steps_in_a_row += 1
         if self.failed_steps_in_a_row >= trainer.max_failed_steps:
-            first = next(t.error for t in trajectories if t.failed)
-            raise TrainingFailed(f"step {step + 1}: {failed}/{len(trajectories)} episodes failed "
-                                 f"({self.failed_steps_in_a_row} step(s) over trainer.failure_budget in a row); "
-                                 f"first error: {first}")
+            if failed > trainer.failure_budget * len(trajectories):
+                first = next(t.error for t in trajectories if t.failed)
+                raise TrainingFailed(f"step {step + 1}: {failed}/{len(trajectories)} episodes failed "
+                                     f"({self.failed_steps_in_a_row} step(s) over trainer.failure_budget in a row); "
+                                     f"first error: {first}")
+            raise TrainingFailed(f"step {step + 1}: {len(silent)}/{len(trajectories)} episodes made no model turn "
+                                 f"({self.failed_steps_in_a_row} step(s) over trainer.no_turn_budget or "
+                                 f"trainer.failure_budget in a row), e.g. {silent[0].episode_id}: its agent answered "
+                                 "without calling the model (a client-side cache? docs/gateway.md)")
         return True
 
     def _check_nonfinite_updates(self, step: int, group_metrics: dict[str, float]) -> None:
