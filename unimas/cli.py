@@ -34,6 +34,14 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    value = _parsed(text, int)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def _port(text: str) -> int:
     """An argparse type: a TCP port, 0 (any free one) to 65535 (a larger one crashed in ``bind``)."""
     value = _parsed(text, int)
@@ -100,6 +108,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="one run directory, or several to overlay (one series per run in every chart)")
     report.add_argument("--out", type=Path, metavar="FILE", help="where the page goes (default: RUN_DIR/report.html "
                         "for one run; compare.html in the first RUN_DIR for several)")
+
+    warm = sub.add_parser("warmstart", help="fit each role's model group on (prompt, answer) pairs before RL",
+                          description="Supervised warm start: every pair of FILE.jsonl (one "
+                                      "{\"role\": R, \"vars\": {...}, \"answer\": A} a line) is rendered "
+                                      "exactly as role R's turn renders it; each model group those roles map to "
+                                      "is fitted on its pairs and written to OUT/<group>, a checkpoint "
+                                      "models.<group>.options.init_from takes (docs/credit.md, Warm start).")
+    _config_args(warm)
+    warm.add_argument("--data", type=Path, required=True, metavar="FILE.jsonl", help="the training pairs")
+    warm.add_argument("--out", type=Path, required=True, metavar="DIR", help="where OUT/<group> checkpoints go")
+    warm.add_argument("--steps", type=_positive_int, default=500, help="optimiser steps per group (default 500)")
+    warm.add_argument("--batch-size", type=_positive_int, default=32, help="pairs per step (default 32)")
+    warm.add_argument("--lr", type=_finite_float, help="learning rate (default: the group's optim.lr)")
+    warm.add_argument("--seed", type=_non_negative_int, default=0, help="seeds the batches and torch (default 0)")
+    warm.add_argument("--eval", dest="eval_data", type=Path, metavar="FILE.jsonl",
+                      help="held-out pairs: greedy exact-match accuracy logged every --eval-every steps")
+    warm.add_argument("--eval-every", type=_positive_int, default=50, help="steps between evaluations (default 50)")
+    warm.add_argument("--target", type=_finite_float, help="stop a group once its eval accuracy reaches this")
 
     sandbox = sub.add_parser("sandbox", help="run a Python file in the code sandbox and print the result as JSON",
                              description="Run FILE in the bubblewrap sandbox that the run_python tool uses and "

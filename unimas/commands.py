@@ -252,3 +252,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     print(f"report: {path}")
     return 0
 
+
+def cmd_warmstart(args: argparse.Namespace) -> int:
+    """``unimas warmstart``: :func:`unimas.training.warm_start.warm_start` on the config and the pair files."""
+    from unimas.config.loading import load_config
+    from unimas.training.warm_start import warm_start
+
+    config = load_config(args.config, args.overrides)
+    warm_start(config, args.data, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+               eval_data=args.eval_data, target=args.target, eval_every=args.eval_every,
+               log=lambda line: print(line, flush=True))
+    return 0

@@ -20,6 +20,10 @@ are bound once, when the name is resolved.
 
     loss = policy_loss - entropy_coef * entropy + kl_coef * KL(policy || reference)
 
+Per-role settings (``roles.<role>.entropy_coef`` and ``loss_weight``) reach it as
+per-token coefficients (:func:`token_coefficients`), so a shared model or a
+LoRA base can explore more for one role than for another, in every backend.
+
 Every backend calls it (the torch and verl backends), so they all optimise
 the same thing. Here and in :mod:`unimas.algorithms.verl_catalog` (verl's
 registries by signature, cached) are the only imports of verl in this layer;
@@ -198,6 +202,60 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "
         raise ValueError(f"unsupported kl_type '{kind}'; use kl, k1, abs, mse, k2, low_var_kl or k3") from None
 
 
+@dataclass(frozen=True)
+class RoleObjective:
+    """A role's own terms in its group's loss (``roles.<role>.entropy_coef`` / ``loss_weight``)."""
+
+    entropy_coef: float | None = None
+    """Entropy bonus on the role's tokens; None: the group's ``algorithm.entropy_coef``."""
+    loss_weight: float = 1.0
+    """Multiplier of the role's tokens in every term of the loss."""
+
+
+def role_objectives(roles: dict[str, Any], group: str) -> dict[str, RoleObjective]:
+    """The roles on ``group`` (``RoleConfig`` by name) that set their own terms; empty: the group's loss as is."""
+    return {name: RoleObjective(entropy_coef=role.entropy_coef, loss_weight=role.loss_weight)
+            for name, role in roles.items()
+            if role.model == group and (role.entropy_coef is not None or role.loss_weight != 1.0)}
+
+
+def token_coefficients(objectives: dict[str, RoleObjective], roles: list[str], settings: AlgorithmConfig,
+                       like: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(loss weight, entropy coefficient) of each row, (rows, 1) with the dtype and device of ``like`` (a
+    floating tensor), for :func:`compose_loss`.
+
+    ``roles`` names each row's role. (None, None) when no row's role sets its own terms, so a config
+    without per-role settings computes exactly the loss it always did.
+    """
+    if not objectives or not any(role in objectives for role in roles):
+        return None, None
+    default = RoleObjective()
+    chosen = [objectives.get(role, default) for role in roles]
+    weight = like.new_tensor([[o.loss_weight] for o in chosen])
+    coef = like.new_tensor([[settings.entropy_coef if o.entropy_coef is None else o.entropy_coef] for o in chosen])
+    return weight, coef
+
+
+def role_entropy(entropy: torch.Tensor, response_mask: torch.Tensor, roles: list[str]) -> dict[str, float]:
+    """``role/<role>/entropy``: the mean token entropy (nats) of each role's rows, (turns, tokens) tensors.
+
+    A backend reports it from the entropies it computes for the loss anyway: on the first update pass they
+    are the sampling distribution's (same weights, each turn's temperature), which is what shows a role
+    that stopped exploring (``logging.entropy_warning``).
+    """
+    rows: dict[str, list[int]] = {}
+    for i, role in enumerate(roles):
+        if role:
+            rows.setdefault(role, []).append(i)
+    values = entropy.detach() * response_mask
+    out = {}
+    for role, index in rows.items():
+        tokens = response_mask[index].sum()
+        if float(tokens) > 0:
+            out[f"role/{role}/entropy"] = float(values[index].sum() / tokens)
+    return out
+
+
 def _to_float(value: Any) -> float:
     return float(value.detach().item()) if hasattr(value, "detach") else float(value)  # a tensor, or a number
 
@@ -212,26 +270,46 @@ def compose_loss(
     response_mask: torch.Tensor,
     entropy: torch.Tensor,
     ref_log_prob: torch.Tensor | None = None,
+    token_weight: torch.Tensor | None = None,
+    entropy_coef: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The scalar every backend minimises, and its parts as metrics. All tensors are (turns, tokens).
 
-    ``entropy`` only needs a gradient when ``settings.entropy_coef > 0``;
+    ``entropy`` only needs a gradient when an entropy coefficient is > 0;
     ``ref_log_prob`` is required when ``settings.kl_coef > 0``.
+
+    ``token_weight`` and ``entropy_coef`` (broadcastable to (turns, tokens); :func:`token_coefficients`)
+    are the per-role terms: a token's weight multiplies its policy, entropy and KL terms, and its entropy
+    coefficient replaces ``settings.entropy_coef``. The weight enters the policy loss through the
+    advantage (a positive factor on it is a factor on the token's loss for every loss that is
+    positively homogeneous in the advantage: PPO clip, dual clip, gspo, gpg), so any registered loss
+    takes it without a new argument. The ``entropy`` metric stays the plain token entropy.
     """
     mode = settings.loss_agg_mode
     low = settings.clip_ratio if settings.clip_ratio_low is None else settings.clip_ratio_low
     high = settings.clip_ratio if settings.clip_ratio_high is None else settings.clip_ratio_high
     config = actor_config(float(settings.clip_ratio), float(low), float(high), mode)
-    pg_loss, pg_metrics = policy_loss(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode=mode,
+    weighted = advantages if token_weight is None else advantages * token_weight
+    pg_loss, pg_metrics = policy_loss(old_log_prob, log_prob, weighted, response_mask, loss_agg_mode=mode,
                                       config=config)
-    entropy_value = agg_loss(entropy, response_mask, mode)
-    loss = pg_loss - settings.entropy_coef * entropy_value if settings.entropy_coef > 0 else pg_loss
+    if token_weight is None and entropy_coef is None:
+        entropy_value = agg_loss(entropy, response_mask, mode)
+        loss = pg_loss - settings.entropy_coef * entropy_value if settings.entropy_coef > 0 else pg_loss
+    else:  # per-token coefficients: the bonus is aggregated like the plain entropy (agg_loss is linear in it)
+        coef = settings.entropy_coef if entropy_coef is None else entropy_coef
+        scale = coef if token_weight is None else coef * token_weight
+        loss = pg_loss - agg_loss(entropy * scale, response_mask, mode)
+        entropy_value = agg_loss(entropy.detach(), response_mask, mode)
     kl_value = loss.new_zeros(())
     if settings.kl_coef > 0:
         if ref_log_prob is None:
             raise ValueError("kl_coef > 0 needs reference log-probs")
-        kl_value = agg_loss(kl_penalty(log_prob, ref_log_prob, settings.kl_type), response_mask, mode)
-        loss = loss + settings.kl_coef * kl_value
+        kl_tokens = kl_penalty(log_prob, ref_log_prob, settings.kl_type)
+        kl_value = agg_loss(kl_tokens, response_mask, mode)
+        if token_weight is None:
+            loss = loss + settings.kl_coef * kl_value
+        else:
+            loss = loss + settings.kl_coef * agg_loss(kl_tokens * token_weight, response_mask, mode)
     pg = {key.removeprefix("actor/"): _to_float(value) for key, value in pg_metrics.items()}
     return loss, {"policy_loss": _to_float(pg_loss), "entropy": _to_float(entropy_value),
                   "kl": _to_float(kl_value), "clip_frac": pg.get("pg_clipfrac", 0.0), "ppo_kl": pg.get("ppo_kl", 0.0)}

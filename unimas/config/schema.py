@@ -191,6 +191,11 @@ class RoleConfig(Strict):
     truncation: Literal["left", "error"] = Field(
         "left", description="a prompt longer than the context: left = keep its end (counted per role); "
         "error = the turn fails its episode")
+    entropy_coef: Optional[float] = Field(None, ge=0, description="entropy bonus weight on this role's tokens; "
+                                          "null = its group's `algorithm.entropy_coef` (per-role exploration on a "
+                                          "shared or LoRA group; docs/credit.md)")
+    loss_weight: float = Field(1.0, gt=0, description="multiplier of this role's tokens in its group's loss "
+                               "(policy, entropy and KL terms); 1 = as every other role (docs/credit.md)")
 
     @field_validator("parser", mode="before")
     @classmethod
@@ -422,6 +427,13 @@ class RuntimeConfig(Strict):
                                      "bounds workflows that never return")
 
 
+class EntropyWarningConfig(Strict):
+    """When to warn that a trainable role stopped exploring (``role/<role>/entropy``, docs/metrics.md)."""
+
+    below: float = Field(0.05, ge=0, description="a role's mean token entropy (nats) under this counts as low")
+    steps: int = Field(5, ge=1, description="consecutive low steps before the one warning for that role")
+
+
 class LoggingConfig(Strict):
     """Where metrics go besides ``metrics.jsonl`` in the run directory."""
 
@@ -430,6 +442,9 @@ class LoggingConfig(Strict):
     wandb: Optional[dict[str, Any]] = Field(None, description="Weights & Biases: these keys go to `wandb.init`; "
                                             "null = off")
     report: bool = Field(True, description="write report.html and plots when training ends")
+    entropy_warning: Optional[EntropyWarningConfig] = Field(
+        default_factory=EntropyWarningConfig, description="one warning per trainable role whose entropy stays "
+        "below `below` for `steps` steps in a row (a collapsed role); null = off")
 
 
 class ExperimentConfig(Strict):

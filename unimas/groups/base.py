@@ -191,6 +191,9 @@ class GroupSpec:
     token-level advantages from the critic's values inside the group."""
     total_updates: int = 0
     """Updates the run will make (``trainer.steps``): the horizon of learning-rate schedules."""
+    role_objectives: dict[str, Any] = field(default_factory=dict)
+    """Roles on this group with their own loss terms (:class:`unimas.algorithms.functions.RoleObjective` by
+    role name, ``roles.<role>.entropy_coef`` / ``loss_weight``); empty: one objective for all its turns."""
 
 
 class ModelGroup(ABC):

@@ -24,6 +24,7 @@ from unimas.contract.registry import Registry, build_registry, singular
 from unimas.errors import UserError
 from unimas.groups.verl import plan as verl_plan
 from unimas.preflight import references
+from unimas.preflight.role_settings import role_objective_problems
 from unimas.report.data import model_mapping
 from unimas.runtime.build import backend_options
 from unimas.training.experiment import Experiment, make_parser
@@ -78,6 +79,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
 
     problems.extend(_algorithm_plugin_problems(config, registry))
     problems.extend(_loss_params_problems(config, registry, losses))
+    problems.extend(role_objective_problems(config))
     if config.workflow.agent is not None and config.workflow.agent.command is not None:
         problem = agent_command_problem(config.workflow.agent.command[0])
         if problem is not None:

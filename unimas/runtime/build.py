@@ -50,7 +50,8 @@ def group_spec(config: ExperimentConfig, registry: Registry, name: str) -> Group
     return GroupSpec(name=name, config=group, options=backend_options(config, registry, name),
                      adapters=adapters_of(config, name), seed=group_seed(config.trainer.seed, name),
                      algorithm=algorithm, policy_loss=policy_loss, estimator=estimator,
-                     total_updates=config.trainer.steps)
+                     total_updates=config.trainer.steps,
+                     role_objectives=algorithms.role_objectives(config.roles, name))
 
 
 def build_group(config: ExperimentConfig, registry: Registry, name: str) -> ModelGroup:

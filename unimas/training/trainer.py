@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable, TypeVar
 
-from unimas.training import central_critic
+from unimas.training import central_critic, exploration
 
 from unimas.algorithms.credit import CreditAssigner, CreditedTurn
 from unimas.config.loading import dump_config
@@ -126,6 +126,7 @@ class Trainer:
         self.failed_steps_in_a_row = 0
         self.pipeline = RolloutPipeline(self._collect, pipeline_depth(self.config), self.config.trainer.steps)
         self.versions = WeightVersions(self.config)
+        self.collapse = exploration.CollapseWatch(self.config.roles, self.config.logging.entropy_warning)
 
     def _new_router(self) -> Router:
         runtime = self.config.runtime
@@ -168,6 +169,7 @@ class Trainer:
         metrics = {"step": step + 1, "episode/over_budget": float(over_budget),
                    "episode/no_turns": float(len(no_turn_episodes(trajectories)))}
         metrics.update(rollout_metrics(trajectories, self.config.roles, self.experiment.primary_reward))
+        metrics.update(exploration.distinct_answers(trajectories, self.config.roles))
         metrics.update(credit.metrics)
         metrics.update(staleness)
         metrics.update(group_metrics)
@@ -175,6 +177,7 @@ class Trainer:
         metrics.update({"time/rollout_s": rollout_s, "time/update_s": update_s,
                         "time/step_s": time.perf_counter() - started})
         self._sample_trajectories(trajectories, step + 1)
+        self.collapse.observe(metrics)
         return metrics
 
     def _check_failure_budget(self, step: int, trajectories: list[GraphTrajectory]) -> bool:
@@ -225,8 +228,9 @@ class Trainer:
         else:
             results = await update_groups(self.transport, turns_by_group, roles_by_group, self.rollout.update_order,
                                           execution_order([(c.turn.started, c.turn.role) for c in credited]))
-        return {**critic_metrics, **{f"group/{g}/{k}": v for g, stats in sorted(results.items())
-                                     for k, v in stats.items()}}
+        # a role's own keys (role/<role>/entropy) stay unprefixed: a role belongs to one group
+        return {**critic_metrics, **{k if k.startswith("role/") else f"group/{g}/{k}": v
+                                     for g, stats in sorted(results.items()) for k, v in stats.items()}}
 
     def _sample_trajectories(self, trajectories: list[GraphTrajectory], step: int) -> None:
         count = self.config.trainer.sample_trajectories

@@ -298,7 +298,9 @@ def ppo_step(
     # backward keeps (measured: the reference pass after it cost ~3 ms more per step, CPU time).
     reference = group.reference_logprobs(turns) if algorithm.kl_coef > 0 else None
     logp, entropy, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns], entropy=True)
-    if algorithm.entropy_coef <= 0:
+    roles = [t.role for t in turns]
+    weight, coefs = algorithms.token_coefficients(group.spec.role_objectives, roles, algorithm, logp)
+    if algorithm.entropy_coef <= 0 and coefs is None:
         entropy = entropy.detach()
     width = mask.shape[1]
     old_logp = pad_rows([row if row is not None else [] for row in old], width, group.device)
@@ -322,11 +324,12 @@ def ppo_step(
         diff["importance_weight"] = float((ratio * mask[stale]).sum() / mask[stale].sum())
     loss, metrics = algorithms.compose_loss(group.spec.policy_loss, algorithm, log_prob=logp, old_log_prob=old_logp,
                                             advantages=advantages, response_mask=mask, entropy=entropy,
-                                            ref_log_prob=reference)
+                                            ref_log_prob=reference, token_weight=weight, entropy_coef=coefs)
+    metrics.update(algorithms.role_entropy(entropy, mask, roles))
     rows = _adapter_rows(group, turns)
     metrics.update(_adapter_loss_metrics(group, rows, algorithm, log_prob=logp, old_log_prob=old_logp,
                                          advantages=advantages, response_mask=mask, entropy=entropy,
-                                         ref_log_prob=reference))
+                                         ref_log_prob=reference, token_weight=weight, entropy_coef=coefs))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     metrics.update(_adapter_grad_norms(group, rows))

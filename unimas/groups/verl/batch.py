@@ -88,6 +88,20 @@ def layout(turns: Sequence[TrainTurn], pad_id: int, size: Optional[int] = None) 
     return Rows(tensors, len(turns), prompt_width)
 
 
+def role_coefficients(turns: Sequence[TrainTurn], rows: Rows, objectives: dict, algorithm) -> dict[str, torch.Tensor]:
+    """``token_weight`` and ``entropy_coef`` (rows, response width) for the loss (:mod:`.loss`), from the roles'
+    own terms (``roles.<role>.entropy_coef`` / ``loss_weight``); empty when no turn's role sets any, so the
+    engine's batch and loss are what they were without per-role settings. Padding rows get weight 1."""
+    from unimas.algorithms.functions import token_coefficients
+
+    roles = [t.role for t in turns] + [""] * (rows.size - rows.real)
+    weight, coef = token_coefficients(objectives, roles, algorithm, rows.tensors["advantages"])
+    if weight is None:
+        return {}
+    shape = rows.tensors["response_mask"].shape
+    return {"token_weight": weight.expand(shape).contiguous(), "entropy_coef": coef.expand(shape).contiguous()}
+
+
 def response_rows(values: Sequence[Sequence[float]], rows: Rows) -> torch.Tensor:
     """Per-turn response values (e.g. old log-probs) as a (rows, response width) float tensor, zero padded."""
     out = torch.zeros(rows.tensors["response_mask"].shape, dtype=torch.float32)

@@ -327,7 +327,7 @@ class VerlModelGroup(ModelGroup):
         known = rows_of.response_rows([[1.0] * len(t.response_ids) if ok else [] for t, ok in zip(turns, exact)], rows)
         mismatch = float(((old - sampled).abs() * known).max()) if any(exact) else 0.0
         importance = self._reweight_stale(rows, old, turns, stale)
-        extra = {"old_log_probs": old}
+        extra = {"old_log_probs": old, **rows_of.role_coefficients(turns, rows, self.spec.role_objectives, algorithm)}
         if self.configs.reference is not None:
             extra["ref_log_prob"] = self._logprobs(rows, reference=True)
         lr = self._lr()

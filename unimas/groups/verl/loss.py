@@ -22,10 +22,13 @@ def unimas_loss(policy_loss: Any, algorithm: Any, model_output: Any, data: Any, 
     entropy = model_output.get("entropy", None)
     entropy = torch.zeros_like(log_prob) if entropy is None else no_padding_2_padding(entropy, data)
     keys = ["response_mask", "old_log_probs", "advantages"] + (["ref_log_prob"] if "ref_log_prob" in data else [])
+    keys += ["token_weight", "entropy_coef"] if "token_weight" in data else []  # per-role terms (batch.py)
     fields = data.select(*keys).to_padded_tensor()
     return algorithms.compose_loss(policy_loss, algorithm, log_prob=log_prob, old_log_prob=fields["old_log_probs"],
                                    advantages=fields["advantages"], response_mask=fields["response_mask"].float(),
-                                   entropy=entropy, ref_log_prob=fields.get("ref_log_prob", None))
+                                   entropy=entropy, ref_log_prob=fields.get("ref_log_prob", None),
+                                   token_weight=fields.get("token_weight", None),
+                                   entropy_coef=fields.get("entropy_coef", None))
 
 
 def unimas_value_loss(value_clip: float, loss_agg_mode: str, model_output: Any, data: Any, dp_group: Any = None):

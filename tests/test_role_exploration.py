@@ -1,0 +1,204 @@
+"""Per-role exploration and loss weight (issue 45, items 1-2): ``roles.<role>.entropy_coef`` / ``loss_weight``
+change only that role's tokens' gradient, on a shared model and on a LoRA base, through the one objective
+every backend calls; ``role/<role>/entropy`` / ``distinct_answers`` are logged; a collapsed role warns once."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.test_torch_backend import PROMPTS, gen, make_group, turns_from
+from unimas.algorithms import functions as algorithms
+from unimas.algorithms.functions import RoleObjective
+from unimas.cli import main
+from unimas.config.schema import AlgorithmConfig, EntropyWarningConfig, LoraConfig, RoleConfig
+from unimas.groups.base import GenRequest
+from unimas.training.exploration import CollapseWatch, distinct_answers
+
+
+def _role_turns(group, roles: list[str], adapters=None):
+    results = group.generate([GenRequest(p, gen(4)) for p in PROMPTS[: len(roles)]])
+    turns = turns_from(results, advantage=1.0)
+    for i, (turn, role) in enumerate(zip(turns, roles)):
+        turn.role = role
+        turn.advantage = 1.0 if i % 2 == 0 else -0.5
+        turn.adapter = adapters[i] if adapters else None
+    return turns
+
+
+def _logit_grads(group, turns, objectives: dict[str, RoleObjective], settings: AlgorithmConfig) -> torch.Tensor:
+    """d loss / d logits of every response token, (rows, tokens, vocab): a real forward and backward."""
+    captured = []
+
+    def keep(_module, _inputs, output):
+        output.retain_grad()
+        captured.append(output)
+
+    handle = group.model.get_output_embeddings().register_forward_hook(keep)
+    try:
+        logp, entropy, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns], entropy=True)
+    finally:
+        handle.remove()
+    weight, coef = algorithms.token_coefficients(objectives, [t.role for t in turns], settings, logp)
+    loss, _ = algorithms.compose_loss(group.spec.policy_loss, settings, log_prob=logp, old_log_prob=logp.detach(),
+                                      advantages=torch.tensor([[t.advantage] for t in turns]) * mask,
+                                      response_mask=mask, entropy=entropy, token_weight=weight, entropy_coef=coef)
+    loss.backward()
+    (logits,) = captured  # distinct prompts: one full forward
+    return logits.grad.detach().clone()
+
+
+@pytest.mark.parametrize("objective", [RoleObjective(loss_weight=3.0), RoleObjective(entropy_coef=0.5),
+                                       RoleObjective(entropy_coef=0.2, loss_weight=0.5)])
+def test_a_roles_setting_changes_only_its_own_tokens_gradient_on_a_shared_model(objective):
+    group = make_group(seed=3)
+    settings = AlgorithmConfig(entropy_coef=0.01)
+    turns = _role_turns(group, ["critic", "proposer", "critic", "proposer"])
+    plain = _logit_grads(group, turns, {}, settings)
+    changed = _logit_grads(group, turns, {"critic": objective}, settings)
+    critic, proposer = [0, 2], [1, 3]
+    assert torch.allclose(changed[proposer], plain[proposer], rtol=1e-5, atol=1e-9)
+    assert not torch.allclose(changed[critic], plain[critic], rtol=1e-3, atol=1e-7)
+    if objective.entropy_coef is None:  # a pure weight: the critic's token gradients scale by exactly it
+        assert torch.allclose(changed[critic], plain[critic] * objective.loss_weight, rtol=1e-4, atol=1e-9)
+
+
+def test_default_role_settings_leave_the_loss_as_it_was():
+    group = make_group(seed=4)
+    settings = AlgorithmConfig(entropy_coef=0.03, kl_coef=0.0)
+    turns = _role_turns(group, ["a", "b", "a"])
+    assert algorithms.token_coefficients({"c": RoleObjective(loss_weight=2.0)}, ["a", "b", "a"], settings,
+                                         torch.zeros(3, 1)) == (None, None)
+    explicit = {"a": RoleObjective(entropy_coef=0.03, loss_weight=1.0)}  # the group's own values, spelled out
+    assert torch.allclose(_logit_grads(group, turns, explicit, settings), _logit_grads(group, turns, {}, settings),
+                          rtol=1e-5, atol=1e-9)
+
+
+def test_a_roles_entropy_coef_moves_only_its_own_lora_adapter():
+    """Two groups built alike, one update each: with an entropy bonus on role x alone, adapter y (role y's own
+    weights) ends exactly where it ends without it; adapter x does not."""
+    def updated(objectives):
+        group = make_group(seed=5, adapters=["x", "y"], lora=LoraConfig(r=4), lr=1e-2, optim={"grad_clip": 1e6})
+        group.spec.role_objectives = objectives
+        turns = _role_turns(group, ["x", "y", "x", "y"], adapters=["x", "y", "x", "y"])
+        metrics = group.update(turns)
+        return {key: p.detach().clone() for key, p in group.model.named_parameters() if "lora_" in key}, metrics
+
+    plain, _ = updated({})
+    bonus, metrics = updated({"x": RoleObjective(entropy_coef=1.0)})
+    assert {"role/x/entropy", "role/y/entropy"} <= set(metrics)
+    for key in plain:
+        if ".y." in key:
+            assert torch.equal(plain[key], bonus[key]), key
+    assert any(not torch.equal(plain[key], bonus[key]) for key in plain if ".x." in key)
+
+
+def test_role_entropy_is_each_roles_token_mean():
+    entropy = torch.tensor([[1.0, 3.0, 9.0], [0.5, 0.0, 0.0], [2.0, 2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    assert algorithms.role_entropy(entropy, mask, ["a", "b", "a"]) == pytest.approx(
+        {"role/a/entropy": 2.0, "role/b/entropy": 0.5})
+
+
+def test_the_verl_loss_gets_the_same_per_role_terms():
+    """The verl backend's loss (unimas_loss over verl's packed batch) equals compose_loss with the roles' terms."""
+    from unimas.groups.base import TrainTurn
+    from unimas.groups.verl import batch
+    from unimas.groups.verl.loss import unimas_loss
+
+    turns = [TrainTurn([5, 6], [7, 8], [], 1.0, role="critic"), TrainTurn([9], [10], [], -1.0, role="proposer")]
+    settings = AlgorithmConfig(entropy_coef=0.01)
+    objectives = {"critic": RoleObjective(entropy_coef=0.4, loss_weight=2.0)}
+    rows = batch.layout(turns, 0, size=3)
+    extra = {"old_log_probs": batch.response_rows([[-1.0, -2.0], [-0.5]], rows)}
+    extra.update(batch.role_coefficients(turns, rows, objectives, settings))
+    assert set(extra) == {"old_log_probs", "token_weight", "entropy_coef"}
+    data = batch.engine_input(rows, extra, compute_loss=True)
+    from tensordict import TensorDict
+
+    packed = data["input_ids"].float() * -0.1  # stands for the engine's per-token outputs, packed like its inputs
+    output = TensorDict({"log_probs": packed, "entropy": -packed}, batch_size=[3])
+    policy = algorithms.policy_losses(SimpleNamespace(names=lambda kind: []))["vanilla"]
+    loss, _ = unimas_loss(policy, settings, output, data)
+    log_prob = batch.to_rows(output, "log_probs", data)
+    mask = rows.tensors["response_mask"].float()
+    weight, coef = algorithms.token_coefficients(objectives, ["critic", "proposer", ""], settings, log_prob)
+    expected, _ = algorithms.compose_loss(policy, settings, log_prob=log_prob, old_log_prob=extra["old_log_probs"],
+                                          advantages=rows.tensors["advantages"], response_mask=mask,
+                                          entropy=batch.to_rows(output, "entropy", data), token_weight=weight,
+                                          entropy_coef=coef)
+    plain, _ = unimas_loss(policy, settings, output, batch.engine_input(rows, {"old_log_probs": extra["old_log_probs"]},
+                                                                         compute_loss=True))
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+    assert float(loss) != pytest.approx(float(plain), rel=1e-3)
+
+
+# ----------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("setting, field", [("roles.speaker.entropy_coef=-0.1", "roles.speaker.entropy_coef"),
+                                            ("roles.speaker.loss_weight=0", "roles.speaker.loss_weight"),
+                                            ("roles.speaker.loss_weight=true", "roles.speaker.loss_weight"),
+                                            ("roles.speaker.entropy_coef=inf", "roles.speaker.entropy_coef")])
+def test_bad_role_settings_exit_2_naming_the_field(repo, capsys, setting, field):
+    assert main(["validate", str(repo / "examples" / "quickstart.yaml"), "--set", setting]) == 2
+    assert field in capsys.readouterr().err
+
+
+def test_a_role_setting_on_a_frozen_role_is_refused(repo, capsys):
+    code = main(["validate", str(repo / "examples" / "quickstart.yaml"), "--set", "roles.listener.trainable=false",
+                 "--set", "roles.listener.entropy_coef=0.1"])
+    assert code == 2
+    assert "roles.listener.entropy_coef" in capsys.readouterr().err
+
+
+def test_role_settings_validate(repo, capsys):
+    code = main(["validate", str(repo / "examples" / "critic_team_cpu.yaml")])
+    assert code == 0, capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- metrics and the warning
+
+
+def test_collapse_watch_warns_once_per_role_after_enough_low_steps(capsys):
+    roles = {"critic": RoleConfig(model="m", template="x"), "judge": RoleConfig(model="m", template="x",
+                                                                                  trainable=False)}
+    watch = CollapseWatch(roles, EntropyWarningConfig(below=0.1, steps=3))
+    seen = [watch.observe({"step": s, "role/critic/entropy": e, "role/judge/entropy": 0.0})
+            for s, e in enumerate([0.05, 0.5, 0.05, 0.04, 0.01, 0.0, 0.0], start=1)]
+    assert seen == [[], [], [], [], ["critic"], [], []]  # the high step 2 resets the count; judge is not trained
+    err = capsys.readouterr().err
+    assert err.count("has stopped exploring") == 1 and "roles.critic.entropy_coef" in err
+    assert CollapseWatch(roles, None).observe({"role/critic/entropy": 0.0}) == []
+
+
+def test_distinct_answers_counts_per_task_then_averages():
+    def turn(role, parsed, error=None, text=""):
+        return SimpleNamespace(role=role, parsed=parsed, parse_error=error, text=text)
+
+    episodes = [SimpleNamespace(task_id="t1", turns=lambda: [turn("c", "y"), turn("p", "3")]),
+                SimpleNamespace(task_id="t1", turns=lambda: [turn("c", "y"), turn("p", "4")]),
+                SimpleNamespace(task_id="t2", turns=lambda: [turn("c", "n"), turn("p", None, "bad", " 5 ")]),
+                SimpleNamespace(task_id="t2", turns=lambda: [turn("c", "y"), turn("p", "5")])]
+    assert distinct_answers(episodes, ["c", "p", "absent"]) == {"role/c/distinct_answers": 1.5,
+                                                                "role/p/distinct_answers": 1.5}
+
+
+def test_role_metrics_reach_metrics_jsonl_and_the_warning_is_printed(repo, tmp_path, capsys):
+    run = tmp_path / "run"
+    settings = ["trainer.steps=3", "trainer.tasks_per_step=4", "trainer.eval_size=4", "logging.report=false",
+                "trainer.stop_at_accuracy=null", "roles.listener.entropy_coef=0.05",
+                "logging.entropy_warning={below: 100.0, steps: 2}"]  # every entropy is below 100 nats
+    code = main(["train", str(repo / "examples" / "quickstart.yaml"), "--run-dir", str(run),
+                 *[a for s in settings for a in ("--set", s)]])
+    assert code == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for record in records[1:]:
+        for role in ("speaker", "listener"):
+            assert 0 < record[f"role/{role}/entropy"] < 10
+            assert 1 <= record[f"role/{role}/distinct_answers"] <= 8
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "has stopped exploring" in line]
+    assert len(warnings) == 2 and all("step 2" in w for w in warnings)  # once per role, not again at step 3
