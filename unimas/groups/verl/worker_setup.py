@@ -12,8 +12,6 @@ is installed), and the loader of critics' value models (:mod:`.critic`).
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from unimas.groups.verl import critic, platform, servers
@@ -23,8 +21,4 @@ platform.skip_value_head_patch()
 critic.install_value_model_loader()
 if not platform.on_gpu():
     torch.set_num_threads(1)
-servers.register()
-if importlib.util.find_spec("vllm") is not None:
-    from unimas.groups.verl import vllm_servers
-
-    vllm_servers.register()
+servers.register()  # also the per-group vLLM classes, looked up lazily where vLLM is installed
