@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -219,7 +220,8 @@ def test_the_agent_lightning_example_trains_through_its_own_runner(chat_model, t
     pytest.importorskip("agentlightning")
     config = tmp_path / "al.yaml"
     tree = agent_team(chat_model, "unused", max_new_tokens=2)
-    tree["workflow"] = {"agent": {"command": [sys.executable, "examples/gateway/agent_lightning.py"],
+    example = Path(__file__).resolve().parents[1] / "examples/gateway/agent_lightning.py"
+    tree["workflow"] = {"agent": {"command": [sys.executable, str(example)],
                                   "timeout_s": 300}}
     config.write_text(yaml.safe_dump(tree))
     run = tmp_path / "run"
