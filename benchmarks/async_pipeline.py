@@ -185,7 +185,8 @@ def one_run(task: str, staleness: int, seed: int, args: argparse.Namespace, root
 
 def replicas_of(transport) -> list:
     """The rollout replicas of the run's groups (``options.rollout_process``)."""
-    return [g.replica for g in transport.inner.groups.values() if getattr(g, "replica", None) is not None]
+    samplers = [getattr(g, "sampler", None) for g in transport.inner.groups.values()]
+    return [sampler.replica for sampler in samplers if hasattr(sampler, "replica")]
 
 
 def cpu_seconds(replica) -> float:

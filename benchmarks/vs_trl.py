@@ -218,7 +218,7 @@ def worker_unimas(a: argparse.Namespace) -> dict:
             asyncio.run(loop())
         profiler.finish()
         after = policy_quality(group.model, group.tokenizer)
-        replica_mb = replica_peak_rss_mb(group.replica) if group.replica is not None else 0.0
+        replica_mb = replica_peak_rss_mb(group.sampler.replica) if hasattr(group.sampler, "replica") else 0.0
     return {"framework": a.worker, "profile": profiler.frames() if a.profile_run else None, "seed": a.seed,
             "beta": a.beta, "quality_before": before, "quality_midway": midway, "quality": after,
             "rss_common_mb": rss_common, "rss_imports_mb": rss_imports, "peak_rss_mb": peak_rss_mb() + replica_mb,

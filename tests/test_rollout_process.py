@@ -57,17 +57,17 @@ def group():
 
 @pytest.mark.slow
 def test_the_replica_samples_with_the_weights_of_the_version_it_reports(group):
-    assert group.replica is not None and group.replica.pid != os.getpid()
+    assert group.sampler.replica is not None and group.sampler.replica.pid != os.getpid()
     before = group.generate(requests())
     assert {r.weight_version for r in before} == {0}
     old = [response_logprob(group, r) for r in before]
     for r, logp in zip(before, old):  # the child's log-probs are the trainer's for the same weights
         assert sum(r.logprobs) == pytest.approx(logp, abs=1e-4)
-    assert group.replica.weight_digests() == digests(group.model)
+    assert group.sampler.replica.weight_digests() == digests(group.model)
 
     metrics = group.update(turns_from(before, advantage=1.0))
     assert metrics["weight_version"] == 1.0 and 0 <= metrics["weight_sync_s"] < 5 and metrics["weight_sync_wait_s"] >= 0
-    assert group.replica.weight_digests() == digests(group.model)  # bit-identical after the update
+    assert group.sampler.replica.weight_digests() == digests(group.model)  # bit-identical after the update
     after = group.generate(requests())
     assert {r.weight_version for r in after} == {1}
     for r in after:
@@ -103,7 +103,7 @@ def test_a_checkpoint_continues_the_replicas_sampling_stream(group, tmp_path):
     other = make_group(seed=7, max_staleness=1)
     try:
         other.load(tmp_path)
-        assert other.replica.weight_digests() == digests(group.model)
+        assert other.sampler.replica.weight_digests() == digests(group.model)
         assert [r.response_ids for r in other.generate(requests(6))] == expected
         assert {r.weight_version for r in other.generate(requests(2))} == {group.weight_version}
     finally:
@@ -115,7 +115,7 @@ def test_a_replica_that_dies_is_an_error_naming_the_group():
     group = make_group()
     try:
         group.generate(requests(1))
-        os.kill(group.replica.pid, signal.SIGKILL)
+        os.kill(group.sampler.replica.pid, signal.SIGKILL)
         started = time.monotonic()
         with pytest.raises(RolloutProcessError) as failure:
             group.generate(requests(1))
@@ -126,7 +126,7 @@ def test_a_replica_that_dies_is_an_error_naming_the_group():
         assert "model group 'm' failed during generate" in str(wrapped) and "rollout process" in str(wrapped)
     finally:
         group.close()
-    assert not alive(group.replica.pid)
+    assert not alive(group.sampler.replica.pid)
 
 
 PARENT = textwrap.dedent("""
@@ -134,8 +134,8 @@ PARENT = textwrap.dedent("""
     sys.path.insert(0, {repo!r})
     from tests.test_rollout_process import make_group
     group = make_group()
-    group.replica.generator_state()  # started and ready
-    print(group.replica.pid, group.replica.path, flush=True)
+    group.sampler.replica.generator_state()  # started and ready
+    print(group.sampler.replica.pid, group.sampler.replica.path, flush=True)
     if {mode!r} == "error":
         raise RuntimeError("the parent fails")
     if {mode!r} == "killed":

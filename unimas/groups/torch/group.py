@@ -13,15 +13,12 @@ and the update loop (``training``), optimiser and learning-rate schedule
 where weights and tokenizer come from (``source``).
 
 Weight versions. ``weight_version`` counts this group's updates; every
-result says which version sampled it. With ``algorithm.max_staleness > 0``
-(the asynchronous pipeline) the group samples from a *rollout copy* of its
-weights under its own lock, so generation for the next step runs while the
-trainable weights update; the copy is refreshed (and the version advanced)
-at the end of each update. With ``max_staleness: 0`` there is no copy:
-generate and update share one lock, as in the synchronous loop. With
-``options.rollout_process: true`` the copy lives in a child process instead
-and sampling runs there (:mod:`unimas.groups.torch.rollout_replica`); the
-results carry the version the child reports it sampled with.
+result says which version sampled it. Sampling runs in one engine
+(:mod:`unimas.groups.torch.sampler`, ``options.sampler``): in place, under
+the update lock (the synchronous loop); a copy of the weights in this
+process; or a copy in a child process. After each update the group
+publishes its weights and the new version to the engine; results carry the
+version the engine reports it sampled with.
 
 Randomness. Sampling and mini-batch shuffling draw from one
 ``torch.Generator`` owned by the group and saved with it, so a run resumed
@@ -35,7 +32,6 @@ import contextlib
 import copy
 import logging
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 from typing import ClassVar, Iterator, Optional, Sequence
@@ -51,7 +47,7 @@ from unimas.groups.torch import critic as critic_lib
 from unimas.groups.torch import source as source_of
 from unimas.groups.torch.chars import check_known
 from unimas.groups.torch.options import TorchOptions
-from unimas.groups.torch.rollout_replica import RolloutReplica
+from unimas.groups.torch.sampler import build_sampler
 from unimas.groups.torch.training import SupervisedExample
 
 log = logging.getLogger(__name__)
@@ -92,14 +88,6 @@ class TorchModelGroup(ModelGroup):
         self._reference: Optional[torch.nn.Module] = None
         self._lock = threading.RLock()
         self.weight_version = 0
-        self._rollout_model: Optional[torch.nn.Module] = None
-        self._rollout_lock = threading.RLock()
-        self.replica: Optional[RolloutReplica] = None
-        if getattr(spec.options, "rollout_process", False):
-            self.replica = RolloutReplica(spec, self.model, self.weight_version)
-        elif spec.algorithm.max_staleness > 0:
-            self._rollout_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self._sampling_lock = self._lock if self._rollout_model is None and self.replica is None else self._rollout_lock
         eos = model.generation_config.eos_token_id
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_ids = sorted({tokenizer.eos_token_id, *eos} - {None})
@@ -108,6 +96,8 @@ class TorchModelGroup(ModelGroup):
         self.logit_bias = self._special_token_bias()
         cfg = model.config
         self.max_positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+        kind = spec.options.sampler_kind(spec.algorithm.max_staleness)
+        self.sampler = build_sampler(kind, spec, self, self.generator, self._lock, self.weight_version)
 
     @classmethod
     def build(cls, spec: GroupSpec) -> "TorchModelGroup":
@@ -302,58 +292,20 @@ class TorchModelGroup(ModelGroup):
             sampling_key = () if greedy else (gen.temperature, gen.top_k, gen.top_p)
             buckets[(req.adapter, gen.max_new_tokens, greedy, sampling_key)].append(i)
         results: list[Optional[GenResult]] = [None] * len(requests)
-        model = self._rollout_model if self._rollout_model is not None else self.model
-        with self._sampling_lock, torch.inference_mode():
-            if model.training:  # an update ends with eval(); the call walks every module (~80 µs, tiny model)
-                model.eval()
+        with self.sampler.lock, torch.inference_mode():
             for (adapter, _, greedy, _), rows in buckets.items():
                 first = requests[rows[0]]
-                outs = self._generate_batch(model, [requests[i] for i in rows], first.generation, greedy, adapter)
+                outs = self._generate_batch([requests[i] for i in rows], first.generation, greedy, adapter)
                 for i, out in zip(rows, outs):
                     results[i] = out
         return results
 
-    def _refresh_rollout_copy(self, advance: bool = False) -> dict[str, float]:
-        """Copy the trainable weights into the rollout copy or replica (between two generate batches);
-        ``advance``: count one update. Without either, generation already sees the live weights.
+    def _publish(self) -> dict[str, float]:
+        """Hand the current weights and version to the sampler (its timing metrics, if any)."""
+        return self.sampler.publish(self, self.weight_version)
 
-        With a replica, returns ``weight_sync_wait_s`` (waiting for a batch it samples) and ``weight_sync_s``
-        (the copy into shared memory); else nothing.
-        """
-        asked = time.perf_counter()
-        with self._rollout_lock:
-            waited = time.perf_counter() - asked
-            self.weight_version += int(advance)
-            if self.replica is not None:
-                return {"weight_sync_wait_s": waited,
-                        "weight_sync_s": self.replica.publish(self.model, self.weight_version)}
-            if self._rollout_model is not None:
-                with torch.no_grad():
-                    for target, source in zip(self._rollout_model.parameters(), self.model.parameters()):
-                        target.copy_(source)
-        return {}
-
-    def _sample(self, model: torch.nn.Module, batch_ids: list[list[int]], gen: GenerationConfig, greedy: bool,
-                adapter: Optional[str], requests: list[GenRequest], stops: sampling.StopStrings
-                ) -> tuple[list[list[int]], list[list[float]], int]:
-        """(token rows, log-prob rows, the weight version that sampled them), here or in the replica."""
-        listeners = sampling.listeners(self.tokenizer, requests)
-        if self.replica is not None:
-            token_rows, logprob_rows, version, streamed = self.replica.sample(
-                batch_ids, gen, greedy, adapter, stops.stops, sorted(listeners))
-            for row, listener in listeners.items():  # a streamed row's text arrives once its batch is done
-                listener.start()
-                for token in streamed.get(row, []):
-                    listener.add(token)
-            return token_rows, logprob_rows, version
-        with self.route(model, adapter):
-            token_rows, logprob_rows = sampling.sample_tokens(
-                model, batch_ids, gen, greedy, eos_ids=self.eos_ids, pad_id=self.pad_id,
-                logit_bias=self.logit_bias, generator=self.generator, stops=stops, listeners=listeners)
-        return token_rows, logprob_rows, self.weight_version
-
-    def _generate_batch(self, model: torch.nn.Module, requests: list[GenRequest], gen: GenerationConfig,
-                        greedy: bool, adapter: Optional[str]) -> list[GenResult]:
+    def _generate_batch(self, requests: list[GenRequest], gen: GenerationConfig, greedy: bool,
+                        adapter: Optional[str]) -> list[GenResult]:
         """Sample the requests whose prompts fit; a prompt too long and not allowed to be cut gets no response,
         nor does one that could not be rendered (its result carries the ``error``)."""
         prompts = self.render_prompts(requests, gen.max_new_tokens)
@@ -362,15 +314,16 @@ class TorchModelGroup(ModelGroup):
             if prompt.error or (prompt.truncated and not requests[i].allow_truncation):
                 results[i] = GenResult(text="", prompt_ids=prompt.ids, response_ids=[], logprobs=[], finished=False,
                                        prompt_text=prompt.text, truncated=prompt.truncated, error=prompt.error or None,
-                                       weight_version=self.weight_version)
+                                       weight_version=self.sampler.version)
         run = [i for i, result in enumerate(results) if result is None]
         if run:
             stops = sampling.StopStrings(self.tokenizer, [requests[i].stop for i in run])
-            token_rows, logprob_rows, version = self._sample(model, [prompts[i].ids for i in run], gen, greedy,
-                                                             adapter, [requests[i] for i in run], stops)
-            sampled = sampling.to_results(self.tokenizer, [prompts[i] for i in run], token_rows, logprob_rows,
+            listeners = sampling.listeners(self.tokenizer, [requests[i] for i in run])
+            rows = self.sampler.sample([prompts[i].ids for i in run], gen, greedy, adapter, stops, listeners)
+            sampled = sampling.to_results(self.tokenizer, [prompts[i] for i in run], rows.tokens, rows.logprobs,
                                           self.eos_ids, exact=sampling.logprobs_are_exact(gen, greedy),
-                                          weight_version=version, stops=stops, controls=("stop", "response_prefix"))
+                                          weight_version=rows.version, stops=stops,
+                                          controls=("stop", "response_prefix"))
             for i, result in zip(run, sampled):
                 if requests[i].token_texts:
                     result.token_texts = [self.tokenizer.decode([t]) for t in result.response_ids]
@@ -412,7 +365,8 @@ class TorchModelGroup(ModelGroup):
             metrics.update(critic_metrics)
             metrics["lr"] = lr
             optimizer.advance(self.scheduler)
-            metrics.update(self._refresh_rollout_copy(advance=True))
+            self.weight_version += 1
+            metrics.update(self._publish())
             metrics["weight_version"] = float(self.weight_version)
             return metrics
 
@@ -435,7 +389,7 @@ class TorchModelGroup(ModelGroup):
         with self._lock:
             opt = self.optimizer_for_update()
             loss = training.supervised_step(self, training.supervised_turns(self, examples), opt)
-            self._refresh_rollout_copy()
+            self._publish()
             return loss
 
     def num_parameters(self) -> dict[str, int]:
@@ -449,24 +403,20 @@ class TorchModelGroup(ModelGroup):
         """``model/``, ``adapters/<name>/``, ``reference/``, optimiser, schedule and RNG state."""
         with self._lock:
             checkpoint.save_group(self, Path(directory))
-            if self.replica is not None:  # the replica's own sampling stream, to resume it bit-identically
-                with self._rollout_lock:
-                    self.replica.save_generator(Path(directory))
+            self.sampler.save_rng(Path(directory))
 
     def load(self, directory: Path) -> None:
         """Restore what :meth:`save` wrote, in place (resume bit-identically)."""
         directory = Path(directory)
         with self._lock:
             checkpoint.load_group(self, directory)
-            self._refresh_rollout_copy()
-            if self.replica is not None and (directory / checkpoint.RNG_FILE).exists():  # a resume, not a snapshot
-                with self._rollout_lock:
-                    self.replica.load_generator(directory, fallback=self.generator.get_state())
+            self._publish()
+            if (directory / checkpoint.RNG_FILE).exists():  # a resume, not a weights-only snapshot
+                self.sampler.load_rng(directory)
 
     def close(self) -> None:
-        """Stop the rollout replica's process, if the group has one."""
-        if self.replica is not None:
-            self.replica.close()
+        """Stop the sampler's process or server, if it has one."""
+        self.sampler.close()
 
 
 def _check_target_modules(model: torch.nn.Module, lora: LoraConfig, group: str) -> None:

@@ -18,6 +18,9 @@ from unimas.config.strict import Strict
 if TYPE_CHECKING:
     import torch
 
+SamplerKind = Literal["inplace", "copy", "replica"]
+"""The sampling engines (:data:`unimas.groups.torch.sampler.ENGINES` maps each to its class)."""
+
 MODEL_DIR = "model"
 """The weights folder inside a saved group (``unimas.groups.torch.checkpoint`` writes it): defined here so that
 checking options (``unimas validate``) needs neither torch nor transformers."""
@@ -54,7 +57,22 @@ class TorchOptions(Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weight dtype")
     rollout_process: bool = Field(False, description="sample in a child process holding a copy of the weights, "
                                   "refreshed after each update (with algorithm.max_staleness > 0, sampling and "
-                                  "updates then overlap on separate cores; docs/performance.md)")
+                                  "updates then overlap on separate cores; docs/performance.md); the same as "
+                                  "sampler: replica")
+    sampler: Optional[SamplerKind] = Field(None, description="where sampling runs: 'inplace' (the trained weights, "
+                                           "generate and update take turns), 'copy' (a copy of the weights in this "
+                                           "process, refreshed after each update), 'replica' (a copy in a child "
+                                           "process); default: replica with rollout_process, else copy when "
+                                           "algorithm.max_staleness > 0, else inplace")
+
+    def sampler_kind(self, max_staleness: int) -> SamplerKind:
+        """The sampler this group builds: ``sampler`` when given, else what ``rollout_process`` and the
+        pipeline's staleness selected before the option existed (configs written then keep their behaviour)."""
+        if self.sampler is not None:
+            return self.sampler
+        if self.rollout_process:
+            return "replica"
+        return "copy" if max_staleness > 0 else "inplace"
 
     @model_validator(mode="before")
     @classmethod
@@ -68,6 +86,13 @@ class TorchOptions(Strict):
             raise ValueError("give exactly one of 'path' (local Hugging Face dir), 'tiny' (built from a spec) "
                              f"or 'init_from' (a checkpoint to start from); {found}")
         return data
+
+    @model_validator(mode="after")
+    def _one_sampler(self) -> "TorchOptions":
+        if self.rollout_process and self.sampler not in (None, "replica"):
+            raise ValueError(f"rollout_process: true samples in a replica, but sampler is '{self.sampler}'; give "
+                             "one of the two (rollout_process is the older spelling of sampler: replica)")
+        return self
 
     @field_validator("path")
     @classmethod

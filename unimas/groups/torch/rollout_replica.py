@@ -135,11 +135,12 @@ def decode_state(text: str) -> torch.Tensor:
 
 
 def child_spec(spec: GroupSpec) -> dict[str, Any]:
-    """What the child builds its sampling copy from, as JSON: the group's sources, no critic, no pipeline, no
-    replica of its own, not trainable (it never updates)."""
+    """What the child builds its sampling copy from, as JSON: the group's sources, no critic, no pipeline,
+    sampling in place (no replica of its own), not trainable (it never updates)."""
     config = spec.config.model_copy(update={"critic": None, "trainable": False})
     return {"name": spec.name, "config": config.model_dump(mode="json"),
-            "options": spec.options.model_copy(update={"rollout_process": False}).model_dump(mode="json"),
+            "options": spec.options.model_copy(update={"rollout_process": False, "sampler": "inplace"}
+                                               ).model_dump(mode="json"),
             "adapters": list(spec.adapters), "seed": spec.seed,
             "algorithm": spec.algorithm.model_copy(update={"max_staleness": 0}).model_dump(mode="json")}
 
