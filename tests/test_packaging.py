@@ -1,42 +1,40 @@
-"""pyproject.toml: PEP 639 license metadata that setuptools reads without a deprecation warning."""
+"""pyproject.toml lists every folder that ships, so setuptools builds the wheel without a warning.
+
+A folder under a package that holds files (modules or package data such as ``unimas/report/vendor``) is
+importable as a namespace package; one missing from ``[tool.setuptools] packages`` makes setuptools warn
+"Package ... is absent from the `packages` configuration" and, in a later setuptools, drop its files.
+"""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
-from pathlib import Path
+import tomllib
 
-import pytest
+from tests.conftest import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-tomllib = pytest.importorskip("tomllib")
+SETUPTOOLS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
 
 
-def project() -> dict:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+def shipped_folders() -> dict[str, str]:
+    """Dotted package name -> its folder (repo-relative), for every folder with files under each package root."""
+    found = {}
+    for package, folder in SETUPTOOLS["package-dir"].items():
+        root = REPO / folder
+        for path in [root, *sorted(p for p in root.rglob("*") if p.is_dir())]:
+            if "__pycache__" in path.parts or not any(child.is_file() for child in path.iterdir()):
+                continue
+            relative = path.relative_to(root).parts
+            found[".".join((package, *relative))] = str(path.relative_to(REPO))
+    return found
 
 
-def test_license_is_an_spdx_expression_with_its_file():
-    meta = project()["project"]
-    assert meta["license"] == "Apache-2.0"
-    assert meta["license-files"] and all((ROOT / name).is_file() for name in meta["license-files"])
-    assert "Apache License" in (ROOT / "LICENSE").read_text()
-    assert not any(c.startswith("License ::") for c in meta.get("classifiers", []))  # PEP 639: the expression only
-    assert "setuptools>=77" in project()["build-system"]["requires"]
+def test_every_folder_that_ships_is_a_listed_package():
+    missing = {name: folder for name, folder in shipped_folders().items() if name not in SETUPTOOLS["packages"]}
+    assert missing == {}, f"add these to [tool.setuptools] packages in pyproject.toml: {missing}"
 
 
-def test_metadata_builds_without_a_setuptools_deprecation_warning(tmp_path):
-    """Built from a copy of the project files, so the repository's egg-info is left alone."""
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, tmp_path / name)
-    for folder in ("unimas", "plugins", "workflows"):
-        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    out = tmp_path / "metadata"
-    out.mkdir()
-    code = ("import warnings; warnings.simplefilter('error');"
-            f"from setuptools import build_meta; print(build_meta.prepare_metadata_for_build_wheel({str(out)!r}))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    metadata = next(out.glob("*.dist-info/METADATA")).read_text()
-    assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata
+def test_every_listed_package_exists():
+    assert sorted(set(SETUPTOOLS["packages"]) - set(shipped_folders())) == []
+
+
+def test_the_report_vendor_files_are_package_data():
+    assert SETUPTOOLS["package-data"].get("unimas.report.vendor") == ["*"]

@@ -67,15 +67,32 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print(f"{kind}:")
         if args.verbose and kind in PARAMS_KEYS:
             _print_parameters(registry, kind)
-            continue
-        by_provider = defaultdict(list)
-        for entry in registry.entries[kind].values():
-            by_provider[entry.provider].append(entry.name)
-        for provider, names in sorted(by_provider.items()):
-            print(f"  {', '.join(sorted(names))}  ({provider})")
+        else:
+            by_provider = defaultdict(list)
+            for entry in registry.entries[kind].values():
+                by_provider[entry.provider].append(entry.name)
+            for provider, names in sorted(by_provider.items()):
+                print(f"  {', '.join(sorted(names))}  ({provider})")
+        if kind in VERL_SECTIONS:
+            print(_verl_line(registry, kind))
     for line in registry.broken:
         print(f"broken: {line}")
     return 0
+
+
+VERL_SECTIONS = frozenset({"estimators", "policy_losses"})
+"""Kinds whose names also come from verl's own registries (grpo, gae, vanilla ...), no plugin needed."""
+
+
+def _verl_line(registry: Registry, kind: str) -> str:
+    """verl's estimators or policy losses that no plugin shadows, read from the cached catalog, as one line."""
+    from unimas.algorithms import verl_catalog
+
+    try:
+        names = [name for name in verl_catalog.functions(kind) if not registry.has(kind, name)]
+    except UserError as exc:
+        return f"  none from verl: {exc}"
+    return f"  {', '.join(sorted(names))}  (verl)"
 
 
 def _print_parameters(registry: Registry, kind: str) -> None:

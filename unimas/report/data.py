@@ -278,15 +278,22 @@ def shown_rewards(rewards: Any) -> dict[str, Any]:
             for key, value in rewards.items()}
 
 
-def episode_score(episode: dict[str, Any], primary: str | None) -> float:
-    """The primary trajectory reward, else the mean credit of the episode's turns."""
+def episode_score(episode: dict[str, Any], primary: str | None) -> float | None:
+    """The primary trajectory reward, else the mean credit of the episode's turns; None when nothing graded it.
+
+    An episode that ended in an error is not graded: credit gives it 0 by rule, and that 0 would rank it
+    above every graded episode of a step whose rewards are negative, so the viewer's "best" would show a
+    crash. Ungraded episodes rank after every graded one (``step_picks``, the viewer's sort).
+    """
+    if episode.get("error") is not None:
+        return None
     rewards = episode.get("rewards")
     value = finite(rewards.get(primary)) if primary and isinstance(rewards, dict) else None
     if value is not None:
         return value
     credits = [finite(n.get("reward")) for n in episode["nodes"] if n.get("kind", "turn") == "turn"]
     credits = [c for c in credits if c is not None]
-    return sum(credits) / len(credits) if credits else 0.0
+    return sum(credits) / len(credits) if credits else None
 
 
 def layout(nodes: list[dict[str, Any]], edges: list[list[str]]) -> dict[str, tuple[int, int]]:
@@ -393,7 +400,9 @@ def select_episodes(episodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def step_picks(episodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One step's best, worst and failed few (``PER_OUTCOME`` each, ties in the order given), once each."""
-    ranked = sorted(episodes, key=lambda e: -e["score"])
-    picks = ranked[:PER_OUTCOME] + ranked[-PER_OUTCOME:] + [e for e in ranked if e["failed"]][:PER_OUTCOME]
+    """One step's best and worst graded few, its failed few and its ungraded few (``PER_OUTCOME`` each, ties in
+    the order given), once each."""
+    graded = sorted((e for e in episodes if e["score"] is not None), key=lambda e: -e["score"])
+    picks = (graded[:PER_OUTCOME] + graded[-PER_OUTCOME:] + [e for e in episodes if e["failed"]][:PER_OUTCOME]
+             + [e for e in episodes if e["score"] is None][:PER_OUTCOME])
     return list({id(e): e for e in picks}.values())

@@ -46,7 +46,8 @@
     let list = (run.episodes[split] || []).filter((e) => e.step === step);
     if (pick.outcome.value === "failed") list = list.filter((e) => e.failed);
     const sign = pick.outcome.value === "best" ? -1 : 1;
-    return list.slice().sort((a, b) => sign * (a.score - b.score));
+    // an ungraded episode (score null: it crashed, or nothing scored it) is neither the best nor the worst
+    return list.slice().sort((a, b) => (a.score === null) - (b.score === null) || sign * (a.score - b.score));
   }
 
   function fillSteps() {

@@ -1,19 +1,19 @@
-"""Built-in algorithm methods from the seed papers, each a plugin through the public hooks.
+"""Built-in algorithm methods from recent papers, each a plugin through the public hooks.
 
-| name | hook | seed |
+| name | hook | follows |
 |---|---|---|
-| ``hgpo`` | credit shaper | HGPO 000:155 |
-| ``gagpo`` | credit shaper | GAGPO 000:43 |
-| ``counterfactual`` | credit shaper | InfoPO 000:75, AT^2PO 000:31 |
+| ``hgpo`` | credit shaper | HGPO |
+| ``gagpo`` | credit shaper | GAGPO |
+| ``counterfactual`` | credit shaper | InfoPO, AT^2PO |
 | ``gdpo`` | credit shaper (verl's GDPO) | GDPO (verl) |
-| ``entropy_branch`` | rollout control | ARPO 000:5, AT^2PO 000:31, TRACE 000:217 |
-| ``adaptive_budget`` | rollout control | TRACE 000:217, StarPO-S 000:27 |
-| ``verified_successes`` | replay buffer | RePO 000:9, RLEP 000:39 |
-| ``reverse_execution`` | update order | SeeUPO 000:237 |
-| ``m2po`` | policy loss | M2PO 000:183 |
+| ``entropy_branch`` | rollout control | ARPO, AT^2PO, TRACE |
+| ``adaptive_budget`` | rollout control | TRACE, StarPO-S |
+| ``verified_successes`` | replay buffer | RePO, RLEP |
+| ``reverse_execution`` | update order | SeeUPO |
+| ``m2po`` | policy loss | M2PO |
 | ``passthrough`` | estimator | (pairs with the credit shapers) |
 
-Seed numbers refer to reference/seed-papers.md in the shared reference; docs/algorithms.md has examples.
+Each method names the papers it follows (search them by name); docs/algorithms.md has examples.
 """
 
 from __future__ import annotations

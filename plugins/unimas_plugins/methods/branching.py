@@ -1,8 +1,8 @@
 """``entropy_branch``: fork episodes at their most uncertain or most contested decision.
 
-Seeds: ARPO (reference/seed-papers.md, 000:5) "entropy-triggered step-level
-branching ... mixed with global sampling"; AT^2PO (000:31) "entropy-guided
-expansion"; TRACE (000:217) "allocates budget to prompt roots and turn
+Seeds: ARPO "entropy-triggered step-level
+branching ... mixed with global sampling"; AT^2PO "entropy-guided
+expansion"; TRACE "allocates budget to prompt roots and turn
 prefixes likely yielding mixed rewards". Per task, ``roots`` episodes run from
 scratch; each root is then forked ``siblings`` times at one turn ``k``
 (``k >= min_turn``), its first ``k`` turns replayed token for token:

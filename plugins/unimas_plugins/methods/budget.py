@@ -1,7 +1,7 @@
 """``adaptive_budget``: more samples where rewards are mixed; zero-variance groups dropped.
 
-Seeds: TRACE (reference/seed-papers.md, 000:217) spends rollouts where
-rewards are "likely yielding mixed rewards"; RAGEN/StarPO-S (000:27)
+Seeds: TRACE spends rollouts where
+rewards are "likely yielding mixed rewards"; RAGEN/StarPO-S
 "trajectory filtering" against reward-variance collapse. Each task first gets
 ``probe`` episodes; tasks whose probes all score the same carry no
 group-relative signal and are dropped (unless every task is flat, then the

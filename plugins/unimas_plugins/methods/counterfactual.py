@@ -1,7 +1,7 @@
 """``counterfactual``: a turn's credit against sibling continuations of the same decision.
 
-Seeds: InfoPO (reference/seed-papers.md, 000:75: turn credit against a
-counterfactual) and AT^2PO (000:31: turn-wise credit on a turn-level tree).
+Seeds: InfoPO (turn credit against a
+counterfactual) and AT^2PO (turn-wise credit on a turn-level tree).
 Forked siblings (``algorithm.rollout: entropy_branch``) share their history up
 to a fork turn token for token; their fork turns, with the parent's turn at
 the same point, are alternative actions in one state. Each of them gets its

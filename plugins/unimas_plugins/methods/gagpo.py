@@ -1,6 +1,6 @@
 """``gagpo``: TD/GAE turn advantages from a critic-free grouped value proxy.
 
-Seed: GAGPO (reference/seed-papers.md, 000:43) "critic-free grouped value proxy
+Seed: GAGPO "critic-free grouped value proxy
 from rollouts; TD/GAE-style step advantages; group normalization". The value
 of a turn's state ``V(h)`` is the mean episode return over the step's
 episodes of the same task that reached the same state ``h`` (same role, same

@@ -1,10 +1,10 @@
 """``gdpo``: each reward channel normalised within its group before they are summed (verl's GDPO).
 
-Seed: GDPO (verl ``core_algos`` "gdpo", arXiv 2601.05242; not among the seed
-abstracts). With several reward entries (e.g. team accuracy and a verifier
-fix/break reward), summing first lets the larger-variance channel drown the
-other; GDPO normalises each channel within the turn's group, sums them with
-``weights`` and whitens the sum. The per-turn channel values are the raw
+Follows: GDPO (verl ``core_algos`` "gdpo", arXiv 2601.05242). With several
+reward entries (e.g. team accuracy and a verifier fix/break reward),
+summing first lets the larger-variance channel drown the other; GDPO
+normalises each channel within the turn's group, sums them with ``weights``
+and whitens the sum. The per-turn channel values are the raw
 values each entry stored on the trajectory (a number reaches every turn; a
 dict is read by the turn's role, then its id). This calls verl's own
 implementation. Pair with ``estimator: passthrough``. Its parameters are an

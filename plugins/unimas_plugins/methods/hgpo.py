@@ -1,6 +1,6 @@
 """``hgpo``: turn advantages from a hierarchy of groups by history consistency.
 
-Seed: HGPO (reference/seed-papers.md, 000:155) "groups steps hierarchically by
+Seed: HGPO "groups steps hierarchically by
 history consistency; adaptively weights per-group advantages". Level 0 groups
 a turn with every turn of its role on the same task (plain GRPO); level 1
 only with turns whose whole context (prompt token ids) is identical — the

@@ -1,6 +1,6 @@
 """``m2po``: a policy loss that tolerates stale samples by bounding the second moment of the log-ratios.
 
-Seed: M2PO (reference/seed-papers.md, 000:183) "constrains the second moment
+Seed: M2PO "constrains the second moment
 of importance weights; masks only extreme outliers under high staleness".
 With ``r = log pi_new - log pi_old`` per token, the tokens with the largest
 ``|r|`` are masked, one by one, until the mean of ``r**2`` over the remaining

@@ -1,7 +1,7 @@
 """``verified_successes``: replay of verified successful episodes into later groups (RePO/RLEP).
 
-Seeds: RePO (reference/seed-papers.md, 000:9) "augments each prompt's GRPO
-group with off-policy samples retrieved from a replay buffer"; RLEP (000:39)
+Seeds: RePO "augments each prompt's GRPO
+group with off-policy samples retrieved from a replay buffer"; RLEP
 "collect verified trajectories, then blend replayed successes with fresh
 rollouts". Episodes whose return reaches ``threshold`` are kept (the newest
 ``per_task`` per task, none older than ``max_age`` steps). Each step a

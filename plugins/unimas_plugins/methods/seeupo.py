@@ -1,6 +1,6 @@
 """``reverse_execution``: one update per role, sequentially, in reverse execution order (SeeUPO).
 
-Seed: SeeUPO (reference/seed-papers.md, 000:237) "turn-by-turn sequential
+Seed: SeeUPO "turn-by-turn sequential
 policy updates in reverse execution order, [which] ensures monotonic
 improvement ... via backward induction". The role that acted last updates
 first; each earlier role then updates on weights its successors already
