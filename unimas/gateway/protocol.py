@@ -328,7 +328,8 @@ def _text(content: Any, where: str) -> str:
     raise GatewayError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
 
 
-def answer_parts(turn: TurnNode, call_tools: bool, single: bool = False) -> tuple[str | None, list[dict[str, Any]], str]:
+def answer_parts(turn: TurnNode, call_tools: bool,
+                 single: bool = False) -> tuple[str | None, list[dict[str, Any]], str]:
     """(content, tool_calls, finish_reason) of a recorded turn; ``call_tools``: read calls out of its text;
     ``single``: only its first call (``parallel_tool_calls: false``)."""
     content, calls = split_calls(turn.text, turn.id) if call_tools else (turn.text, [])
