@@ -237,8 +237,8 @@ def run_one(workflow: str, mapping: str, credit: str, seed: int, budget: int, ev
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
-                        help="one seed, every workflow under (shared, team), (separate, per_role), (lora, ppo_cc), a 48-token "
-                             "budget each (seconds per run); "
+                        help="one seed, every workflow under (shared, team), (separate, per_role), (lora, ppo_cc), "
+                             "a 48-token budget each (seconds per run); "
                              "results go to a temporary directory unless --out is given")
     parser.add_argument("--workflows", nargs="*", default=list(WORKFLOWS), choices=list(WORKFLOWS))
     parser.add_argument("--mappings", nargs="*", default=list(MAPPINGS), choices=list(MAPPINGS))

@@ -96,8 +96,10 @@ async def plan_path(ctx, task) -> dict:
     final = await ctx.act("executor", plan=planned, check=verdict, after=[plan, check])
     path = "" if final.parsed is None else str(final.parsed).strip()
     solved = walk(task["grid"], path, task["size"]) == "ok"
-    return {"path": path, "plan": planned, "solved": solved, "plan_check": verdict,
-            "role_scores": {"planner": float(verdict == "ok"), "executor": float(solved)}}
+    scores = {"planner": float(verdict == "ok"), "executor": float(solved)}
+    for role, value in scores.items():  # the per-role view under any credit (workflow/<role>_score)
+        ctx.metric(f"{role}_score", value)
+    return {"path": path, "plan": planned, "solved": solved, "plan_check": verdict, "role_scores": scores}
 
 
 def path_solved(trajectory, task: dict) -> float:

@@ -40,6 +40,15 @@ def arithmetic_sums(split: str, seed: int, terms: int = 2, max_operand: int = 50
     return tasks
 
 
+def scored(ctx, outcome: dict) -> dict:
+    """Log each role's checked score as a workflow metric (``workflow/<role>_score``, ``eval/workflow/...``):
+    under a team reward every role's ``role/<r>/reward_mean`` is the team's, so this is the only per-role
+    view of who does their part."""
+    for role, value in outcome["role_scores"].items():
+        ctx.metric(f"{role}_score", value)
+    return outcome
+
+
 def _text(node) -> str:
     return "" if node.parsed is None else str(node.parsed).strip()
 
@@ -70,9 +79,9 @@ async def evaluator_optimizer(ctx, task, max_rounds: int = 2) -> dict:
         current = await ctx.act("generator", hint=f"{_text(current)}{said}", after=[current, check])
         proposals.append(_text(current))
     right = [float(p == task["answer"]) for p in proposals]
-    return {"answer": _text(current), "proposal": proposals[0], "revisions": len(proposals) - 1,
+    return scored(ctx, {"answer": _text(current), "proposal": proposals[0], "revisions": len(proposals) - 1,
             "role_scores": {"generator": sum(right) / len(right),
-                            "evaluator": sum(verdicts) / len(verdicts) if verdicts else 0.0}}
+                            "evaluator": sum(verdicts) / len(verdicts) if verdicts else 0.0}})
 
 
 def rotations(terms: list[int], count: int) -> list[str]:
@@ -86,8 +95,9 @@ async def voting(ctx, task, solvers: int = 3) -> dict:
     final = await ctx.act("aggregator", votes=",".join(_text(v) for v in votes), after=votes)
     right = [float(_text(v) == task["answer"]) for v in votes]
     answer = _text(final)
-    return {"answer": answer, "votes": [_text(v) for v in votes],
-            "role_scores": {"solver": sum(right) / len(right), "aggregator": float(answer == task["answer"])}}
+    return scored(ctx, {"answer": answer, "votes": [_text(v) for v in votes],
+                        "role_scores": {"solver": sum(right) / len(right),
+                                        "aggregator": float(answer == task["answer"])}})
 
 
 def split_parts(text: str, terms: list[int]) -> list[str] | None:
@@ -104,16 +114,17 @@ async def orchestrator_workers(ctx, task) -> dict:
     plan = await ctx.act("orchestrator", stage="|")
     parts = split_parts(_text(plan), task["terms"])
     if parts is None:
-        return {"answer": None, "split": _text(plan), "role_scores": {"orchestrator": 0.0, "worker": 0.0}}
+        return scored(ctx, {"answer": None, "split": _text(plan),
+                            "role_scores": {"orchestrator": 0.0, "worker": 0.0}})
     results = [await ctx.act("worker", part=part, after=[plan]) for part in parts]
     partials = [_text(r) for r in results]
     final = await ctx.act("orchestrator", stage="+".join(partials) + "=", after=results)
     answer = _text(final)
     workers_right = [float(p == str(value_of(part))) for p, part in zip(partials, parts)]
     combined = all(p.isdigit() for p in partials) and answer == str(sum(int(p) for p in partials))
-    return {"answer": answer, "split": _text(plan), "partials": partials,
-            "role_scores": {"orchestrator": 0.5 + 0.5 * float(combined),  # 0.5 for a valid split
-                            "worker": sum(workers_right) / len(workers_right)}}
+    return scored(ctx, {"answer": answer, "split": _text(plan), "partials": partials,
+                        "role_scores": {"orchestrator": 0.5 + 0.5 * float(combined),  # 0.5 for a valid split
+                                        "worker": sum(workers_right) / len(workers_right)}})
 
 
 def role_score(trajectory, task: dict) -> dict[str, float]:
