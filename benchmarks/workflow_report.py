@@ -195,11 +195,19 @@ def claims(runs: list[dict]) -> list[tuple[str, str, str]]:
     return rows
 
 
-def beyond_noise(runs: list[dict], limit: int = 8) -> list[list[str]]:
-    """Pairs of cells differing in one factor whose final accuracies differ by more than 2 std of the paired
-    differences (and whose mean difference is at least 0.05), largest first."""
+T_95 = {2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}
+"""Two-sided 95 % Student t quantiles by degrees of freedom (pairs - 1)."""
+
+
+def beyond_noise(runs: list[dict], limit: int = 10) -> tuple[list[list[str]], int]:
+    """Pairs of cells differing in one factor whose final accuracies differ beyond seed noise, largest first,
+    and how many comparisons were made (so the reader can weigh chance passes).
+
+    Beyond noise: a paired t-test over seeds at the two-sided 5 % level (|mean| > t * std / sqrt(n)) and a
+    mean difference of at least 0.05 accuracy.
+    """
     grouped = cells(runs)
-    found = []
+    found, compared = [], 0
     for factor, levels in ORDER.items():
         for i, a in enumerate(levels):
             for b in levels[i + 1:]:
@@ -210,16 +218,17 @@ def beyond_noise(runs: list[dict], limit: int = 8) -> list[list[str]]:
                     if other not in grouped:
                         continue
                     diffs = paired(runs_a, grouped[other], final)
-                    if len(diffs) < 3:
+                    if len(diffs) - 1 not in T_95:
                         continue
+                    compared += 1
                     mean, spread = statistics.fmean(diffs), statistics.stdev(diffs)
-                    if abs(mean) >= 0.05 and abs(mean) > 2 * spread:
+                    if abs(mean) >= 0.05 and abs(mean) > T_95[len(diffs) - 1] * spread / len(diffs) ** 0.5:
                         fixed = f"credit {credit}" if factor == "mapping" else f"mapping {mapping}"
                         found.append((abs(mean), [workflow, fixed, f"{factor}: {a} → {b}",
                                                   ", ".join(f"{d:+.3f}" for d in diffs), f"{mean:+.3f}",
                                                   f"{spread:.3f}"]))
     found.sort(key=lambda item: -item[0])
-    return [row for _, row in found[:limit]]
+    return [row for _, row in found[:limit]], compared
 
 
 WORKFLOW_ORDER = ("evaluator_optimizer", "voting", "orchestrator_workers", "plan_path")
@@ -296,12 +305,15 @@ def section(runs: list[dict], images: dict[str, str]) -> str:
               "Verdict rule: *holds* / *does not hold* when the mean paired difference is more than two standard",
               "errors from zero in the claimed / opposite direction, *undecided* otherwise.", ""]
     lines.append(markdown_table(["claim", "at this scale", "evidence"], [list(row) for row in claims(runs)]))
+    noise, compared = beyond_noise(runs)
     lines += ["", "### Cells where the mapping or the credit changes the outcome beyond seed noise", "",
-              "Pairs of cells that differ in one factor, final accuracy paired by seed; listed when the mean",
-              "difference is at least 0.05 and larger than twice the std of the paired differences.", ""]
-    noise = beyond_noise(runs)
-    lines.append(markdown_table(["workflow", "held fixed", "change", "paired differences (final acc)", "mean",
-                                 "std"], noise) if noise else "None at this budget.")
+              "Pairs of cells that differ in one factor (the other held fixed), final accuracy paired by seed;",
+              "listed when a paired t-test over the seeds rejects no difference at the two-sided 5 % level and",
+              f"the mean difference is at least 0.05. {compared} such comparisons were made, so about "
+              f"{0.05 * compared:.0f} would pass by chance alone if nothing differed: read single rows with care.",
+              ""]
+    lines.append(markdown_table(["workflow", "held fixed", "change", "paired differences (final acc, by seed)",
+                                 "mean", "std"], noise) if noise else "None at this budget.")
     return "\n".join(lines) + "\n"
 
 

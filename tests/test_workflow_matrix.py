@@ -98,7 +98,7 @@ def test_collapse_needs_the_drop_to_stay():
 
 def test_report_writes_only_between_the_markers(tmp_path):
     runs = [_run(s, [0.2, 0.3, 0.3 + 0.1 * s]) for s in range(3)]
-    runs += [_run(s, [0.2, 0.5, 0.6 + 0.01 * s], credit="per_role") for s in range(3)]
+    runs += [_run(s, [0.2, 0.5, 0.6 + 0.11 * s], credit="per_role") for s in range(3)]
     results = tmp_path / "results.md"
     results.write_text("# Results\n\nabove\n\n<!-- matrix:start -->\nSTALE-SECTION\n<!-- matrix:end -->\n\nbelow\n")
     workflow_report.write_docs(runs, results, tmp_path / "images")
@@ -106,7 +106,7 @@ def test_report_writes_only_between_the_markers(tmp_path):
     assert text.startswith("# Results\n\nabove\n") and text.endswith("\nbelow\n") and "STALE-SECTION" not in text
     assert "| plan_path | shared | per_role | 3 |" in text
     assert (tmp_path / "images" / "matrix_plan_path.png").stat().st_size > 1000
-    # per_role beats team in every seed: listed beyond noise, and the AT-GRPO claim holds on Plan-Path
+    # per_role beats team in every seed by 0.30-0.32: beyond noise, and the AT-GRPO claim holds on Plan-Path
     assert "credit: team → per_role" in text
     claim = next(row for row in workflow_report.claims(runs) if "Plan-Path" in row[0])
     assert claim[1] == "holds"
