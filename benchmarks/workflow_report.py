@@ -100,6 +100,25 @@ def table(runs: list[dict]) -> str:
                            "final role reward (training)", "steps", "sampled tokens", "wall s / run"], rows)
 
 
+def headline(runs: list[dict]) -> str:
+    """Per workflow: the start, the best and worst cell at the end, and how many cells gained on every seed."""
+    rows = []
+    for workflow in WORKFLOW_ORDER:
+        grouped = {cell: group for cell, group in cells(runs).items() if cell[0] == workflow}
+        if not grouped:
+            continue
+        mean_final = {cell: statistics.fmean(final(r) for r in group) for cell, group in grouped.items()}
+        top, bottom = max(mean_final, key=mean_final.get), min(mean_final, key=mean_final.get)
+        gained = sum(all(final(r) > r["curve"][0]["accuracy"] for r in group) for group in grouped.values())
+        starts = [r["curve"][0]["accuracy"] for group in grouped.values() for r in group]
+        rows.append([workflow, mean_std(sorted(set(starts))) if len(set(starts)) > 1 else f"{starts[0]:.3f}",
+                     f"{top[1]} / {top[2]}: {mean_std([final(r) for r in grouped[top]])}",
+                     f"{bottom[1]} / {bottom[2]}: {mean_std([final(r) for r in grouped[bottom]])}",
+                     f"{gained}/{len(grouped)}"])
+    return markdown_table(["workflow", "step-0 acc", "best cell at the end (mapping / credit: final acc)",
+                           "worst cell at the end", "cells above step 0 on every seed"], rows)
+
+
 def paired(runs_a: list[dict], runs_b: list[dict], measure) -> list[float]:
     """Per seed present in both, measure(b) - measure(a): the same seed draws the same tasks in both cells."""
     by_seed = {r["seed"]: r for r in runs_a}
@@ -308,6 +327,9 @@ def section(runs: list[dict], images: dict[str, str]) -> str:
         "the aggregator's answer right), at the final greedy evaluation; the training column is",
         "`role/<role>/reward_mean` at the last step (under `team` and `ppo_cc` that is the team reward).",
         "",
+        "### Headline", "",
+        headline(runs), "",
+        "### All cells (mean ± std over seeds)", "",
         table(runs),
         "",
     ]
