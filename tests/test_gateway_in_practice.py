@@ -114,6 +114,39 @@ def test_an_edited_previous_answer_is_rendered_afresh_and_says_why(chat_model):
         second.prompt_ids + second.response_ids
 
 
+async def reencoding_agent(task: dict, base_url: str) -> dict:
+    """ADK through LiteLLM: sends the model's tool call back re-encoded (its arguments as indented JSON); then the
+    same round trip with the call's arguments changed."""
+    client = AsyncOpenAI(base_url=base_url, api_key="unused")
+    tools = [tool("lookup")]
+    notes = []
+    for change in (False, True):
+        messages = [{"role": "user", "content": f"repeat: {task['target']}"}]
+        first = (await client.chat.completions.create(model="agent", messages=messages, tools=tools)).choices[0]
+        sent = []
+        for call in first.message.tool_calls or []:
+            arguments = {**json.loads(call.function.arguments or "{}"), **({"q": "changed"} if change else {})}
+            sent.append({"id": call.id, "type": "function",
+                         "function": {"name": call.function.name, "arguments": json.dumps(arguments, indent=2)}})
+        messages.append({"role": "assistant", "content": first.message.content, "tool_calls": sent})
+        messages += [{"role": "tool", "tool_call_id": c["id"], "content": task["target"]} for c in sent]
+        second = await client.chat.completions.create(model="agent", messages=messages, tools=tools)
+        notes.append(second.model_extra["unimas"])
+    return {"answer": "", "notes": notes}
+
+
+def test_a_re_encoded_tool_call_continues_and_a_changed_one_is_rendered_afresh(tool_model):  # noqa: F811
+    [trajectory], _ = run_episodes(agent_team(tool_model, "tests.test_gateway_in_practice:reencoding_agent"),
+                                   [{"target": "7", "answer": "7"}], greedy=True)
+    assert trajectory.error is None, trajectory.error
+    first, kept, _, changed = trajectory.turns()
+    assert '"name": "lookup"' in first.text  # the model called the tool
+    assert kept.continued and kept.rerendered is None
+    assert kept.prompt_ids[:len(first.prompt_ids) + len(first.response_ids)] == first.prompt_ids + first.response_ids
+    assert not changed.continued and "(its tool calls)" in changed.rerendered
+    assert "rerendered" not in trajectory.outcome["notes"][0] and "rerendered" in trajectory.outcome["notes"][1]
+
+
 # -- 3. the Responses API at the role's token limit ------------------------------------------------------------
 
 async def sdk_plain_agent(task: dict, base_url: str) -> dict:
