@@ -98,13 +98,14 @@ def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
 
 TEMPLATE_PROBE = [{"role": "user", "content": "hi"}]
 TEMPLATE_SECONDS = 10.0
-"""What rendering :data:`TEMPLATE_PROBE` may take: real chat templates need milliseconds."""
+"""CPU seconds (of the rendering thread) that rendering :data:`TEMPLATE_PROBE` may take: real chat templates need
+milliseconds. CPU time, not wall time, so a busy machine cannot make a good template look like a loop."""
 TEMPLATE_MAX_CHARACTERS = 1 << 20
 """What it may write: real chat templates write a few hundred characters for it."""
 
 
 class TemplateTooSlow(Exception):
-    """Raised inside a chat template's rendering once :data:`TEMPLATE_SECONDS` have passed."""
+    """Raised inside a chat template's rendering once it has used :data:`TEMPLATE_SECONDS` of CPU time."""
 
 
 def check_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
@@ -112,7 +113,7 @@ def check_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
 
     A template is a program (Jinja, sandboxed against side effects but not against time): two nested
     ``range(100000)`` loops would stall every prompt of the run. It is rendered once here, at load, under a
-    deadline that a trace function enforces between the template's lines (rendering runs as Python code, and
+    CPU-time budget that a trace function enforces between the template's lines (rendering runs as Python code, and
     a timer thread or a signal could not stop it in every thread). A template that fails on the probe is left
     to fail per request, where the failure is reported with the request (:func:`failed_prompt`).
     """
@@ -121,10 +122,10 @@ def check_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
     import sys
     import time
 
-    deadline = time.monotonic() + TEMPLATE_SECONDS
+    deadline = time.thread_time() + TEMPLATE_SECONDS
 
     def stop_when_late(frame: Any, event: str, arg: Any) -> Any:
-        if time.monotonic() > deadline:
+        if time.thread_time() > deadline:
             raise TemplateTooSlow
         return stop_when_late
 
@@ -133,7 +134,7 @@ def check_chat_template(tokenizer: PreTrainedTokenizerBase, where: str) -> None:
     try:
         text = _render(tokenizer, TEMPLATE_PROBE, generation_prompt=True)
     except TemplateTooSlow:
-        raise UserError(f"the chat template runs for more than {TEMPLATE_SECONDS:g} s on a one-message "
+        raise UserError(f"the chat template runs for more than {TEMPLATE_SECONDS:g} s of CPU time on a one-message "
                         "conversation (a loop that does not end?): refused", where=where) from None
     except Exception:  # noqa: BLE001 - a template may refuse this conversation; each request reports its own
         return
