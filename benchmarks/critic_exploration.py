@@ -58,19 +58,21 @@ def balanced_accuracy(eval_file: Path, accept: str = "y") -> tuple[float, int, i
     return (statistics.fmean(rates) if len(rates) == 2 else 0.5), len(hits[True]), len(hits[False])
 
 
-def run(setting: str, seed: int, out: Path, steps: int) -> dict[str, Any]:
+def run(setting: str, seed: int, out: Path, steps: int, critic_entropy: float | None = None) -> dict[str, Any]:
     import unimas
 
     warm = out / f"warm-{seed}"
     if not (warm / "team" / "model").is_dir():
         subprocess.run([sys.executable, str(REPO / "examples" / "critic_team_warm_start.py"), "--out", str(warm),
                         "--seed", str(seed)], check=True)
-    run_dir = out / f"{setting}-{seed}"
+    run_dir = out / f"{setting}-{seed}" if critic_entropy is None else out / f"{setting}{critic_entropy:g}-{seed}"
     from unimas.config.loading import config_from_dict, load_config
 
     tree = load_config(CONFIG).model_dump(mode="json", by_alias=True)
     tree["models"]["team"]["options"] = {"init_from": str(warm / "team")}  # instead of the tiny spec
     overrides = json.loads(json.dumps(SETTINGS[setting]))  # a copy: train() merges into it
+    if critic_entropy is not None and setting.endswith("+explore"):  # another strength of the critic's bonus
+        overrides.setdefault("roles", {})["verifier"] = {"entropy_coef": critic_entropy}
     overrides["trainer"] = {"seed": seed, "steps": steps, "eval_every": max(steps // 3, 1)}
     overrides["logging"] = {"console": False, "report": False}
     started = time.perf_counter()
@@ -99,12 +101,14 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--threshold", type=float, default=0.7)
+    parser.add_argument("--critic-entropy", type=float, help="roles.verifier.entropy_coef of the +explore settings "
+                        "(default: the example config's)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for seed in args.seeds:
         for setting in args.settings:
-            result = run(setting, seed, args.out, args.steps)
+            result = run(setting, seed, args.out, args.steps, args.critic_entropy)
             results.append(result)
             print("RESULT " + json.dumps(result), flush=True)
     print("\n| setting | discriminating critic (balanced acc >= %.1f) | balanced accuracy per seed (start -> end) "

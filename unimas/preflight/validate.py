@@ -24,7 +24,7 @@ from unimas.contract.registry import Registry, build_registry, singular
 from unimas.errors import UserError
 from unimas.groups.verl import plan as verl_plan
 from unimas.preflight import references
-from unimas.preflight.role_settings import role_objective_problems
+from unimas.preflight.role_settings import role_objective_lines, role_objective_problems
 from unimas.report.data import model_mapping
 from unimas.runtime.build import backend_options
 from unimas.training.experiment import Experiment, make_parser
@@ -468,6 +468,7 @@ def algorithm_summary(experiment: Experiment) -> list[str]:
              f", grouped by {algo.grouping}, G={algo.group_size}",
              f"  loss: {algo.loss}{loss_params} ({_provider(registry, 'policy_losses', algo.loss)}), "
              f"KL {algo.kl_coef:g}, entropy {algo.entropy_coef:g}"]
+    lines += role_objective_lines(config)
     forks = []
     for field, kind in ALGORITHM_PLUGINS.items():
         entry = getattr(algo, field)

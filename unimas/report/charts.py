@@ -16,7 +16,9 @@ from typing import Any, Callable, Iterator
 from unimas.report.data import RunData, finite
 
 GROUP_METRICS = ["policy_loss", "kl", "entropy", "clip_frac", "grad_norm", "train_tokens_per_s"]
-ROLE_METRICS = ["format_error_rate", "response_length", "advantage_std", "zero_variance_frac"]
+ROLE_METRICS = ["format_error_rate", "response_length", "advantage_std", "zero_variance_frac", "entropy",
+                "distinct_answers"]
+"""``role/<r>/<metric>`` of every role; entropy and distinct_answers show a role that stopped exploring."""
 CRITIC_METRICS = ["value_loss", "explained_variance", "value_mean", "value_clip_frac"]
 """``group/<g>/critic/<metric>`` of each group with a critic (docs/critic.md), beside the advantage spread per role."""
 EPISODE_METRICS = ["episode/turns", "episode/tool_calls", "episode/failures", "episode/wall_s", "time/step_s"]
