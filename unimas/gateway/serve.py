@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -26,7 +27,6 @@ from unimas.errors import UserError
 from unimas.gateway.app import build_app
 from unimas.gateway.guard import allowed_hosts, is_loopback
 from unimas.gateway.protocol import GatewayError
-from unimas.gateway.server import free_port
 from unimas.gateway.sessions import Serving
 from unimas.output import checkpoints
 from unimas.output.rundir import RunDir
@@ -34,6 +34,24 @@ from unimas.runtime.transport import start_transport
 
 TOKEN_ENV = "UNIMAS_SERVE_TOKEN"
 """The API key clients must send when the server listens beyond loopback (generated when unset)."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket already bound and listening on ``host:port`` (0: a free port), handed to uvicorn.
+
+    Bound before the address is printed, so a client that reads it and connects at once is queued by the kernel
+    rather than refused while the server starts (and a free port cannot be taken between choosing and binding it).
+    """
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+        listener.listen(2048)
+    except OSError as exc:
+        listener.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc}", where="--host/--port") from None
+    return listener
 
 
 def serve_token(host: str, environ: dict[str, str] | None = None) -> str | None:
@@ -63,13 +81,14 @@ async def serve(config: ExperimentConfig, registry: Registry, checkpoint: Path |
                 raise GatewayError(404, "this server has no episodes: use the base URL /v1", code="not_found")
             return serving
 
-        port = port or free_port(host)
+        listener = listening_socket(host, port)
+        port = listener.getsockname()[1]
         token = serve_token(host)
         app = build_app(lookup, sorted(config.roles), token=token, hosts=allowed_hosts(host))
         server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off"))
         print(f"serving roles {', '.join(sorted(config.roles))} at http://{host}:{port}/v1", flush=True)
         if token is not None and not os.environ.get(TOKEN_ENV):
             print(f"API key (clients send it as OPENAI_API_KEY): {token}", flush=True)
-        await server.serve()
+        await server.serve(sockets=[listener])
     finally:
         transport.shutdown()
