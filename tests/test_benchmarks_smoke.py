@@ -9,28 +9,79 @@ are not asserted (the machine is shared); docs/performance.md has real runs.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import re
 import os
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 
 from tests.conftest import REPO
 
+try:
+    import psutil  # to tell a slow benchmark (busy machine) from a hung one
+except ImportError:  # without it a smoke run waits for the benchmark to end, hung or not
+    psutil = None
+
 
 RANK_LAYOUT = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-"""Set in this process by an in-process verl group (``unimas.groups.verl.platform``); a benchmark started as a
+"""Set in this process by an in-process verl group (``unimas.groups.verl.patches``); a benchmark started as a
 fresh program must not inherit them (accelerate, under TRL, would then wait for a distributed rendezvous)."""
 
 
-def run_benchmark(script: str, *args: str, timeout: float = 300) -> str:
+STALL_SECONDS = 300.0
+"""Wall time a benchmark may go without using any CPU (it and its worker processes together) before it counts
+as hung. A busy machine slows a benchmark but still gives it CPU time every second; only a deadlock uses none.
+So the smoke runs wait for the benchmark to end, however loaded the machine, and still stop on a hang."""
+
+
+def cpu_seconds(process: "psutil.Process") -> float:
+    """CPU time of ``process`` and all its descendants, live or already reaped."""
+    total = 0.0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            times = member.cpu_times()
+        except psutil.Error:  # ended between the listing and the read: its time is in its parent's children_*
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def run_benchmark(script: str, *args: str) -> str:
+    """The stdout of ``python benchmarks/<script> --smoke ARGS``, once it exits 0; fails if it exits otherwise or
+    makes no progress for :data:`STALL_SECONDS` (it is then killed with its workers)."""
     env = {key: value for key, value in os.environ.items() if key not in RANK_LAYOUT}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--smoke", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
-    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / script), "--smoke", *args],
+                                stdout=out, stderr=err, text=True, cwd=REPO, env=env)
+        process = psutil.Process(proc.pid) if psutil is not None else None
+        used, progressed = -1.0, time.monotonic()
+        try:
+            if process is None:
+                proc.wait()
+            while proc.poll() is None:
+                with contextlib.suppress(psutil.Error):  # it may end between poll() and the read
+                    now_used = cpu_seconds(process)
+                    if now_used > used:
+                        used, progressed = now_used, time.monotonic()
+                if time.monotonic() - progressed > STALL_SECONDS:
+                    pytest.fail(f"{script} used no CPU for {STALL_SECONDS:g} s (at {used:.1f} CPU s): hung")
+                time.sleep(1.0)
+        finally:
+            if proc.poll() is None and process is not None:
+                for member in [*process.children(recursive=True), process]:
+                    with contextlib.suppress(psutil.Error):
+                        member.kill()
+                proc.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    assert proc.returncode == 0, f"{script} failed:\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    return stdout
 
 
 def table_rows(out: str, column: str, first: bool = True) -> list[list[str]]:
