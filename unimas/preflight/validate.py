@@ -74,8 +74,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             problems.extend(_snapshot_problems(config, name))
     problems.extend(verl_plan.config_problems(config))
     problems.extend(_scale_problems(config))
-    problems.extend(references.critic_path_problems(config))
-    problems.extend(references.credit_channel_problems(config))
+    problems.extend(references.critic_path_problems(config) + references.credit_channel_problems(config))
 
     problems.extend(_algorithm_plugin_problems(config, registry))
     problems.extend(_loss_params_problems(config, registry, losses))
