@@ -243,3 +243,15 @@ def test_gdpo_with_the_rewards_channels_validates(capsys):
     code, output = cli(capsys, "validate", QUICKSTART, "--set", "algorithm.estimator=passthrough",
                        "--set", "algorithm.credit={name: gdpo, params: {channels: [exact_match]}}")
     assert code == 0, output
+
+
+# -- 9. an integer past int()'s digit limit in a config --------------------------------------------------------------
+
+def test_a_config_integer_of_5000_digits_names_its_key_and_line(tmp_path, capsys):
+    """YAML's int() raised a bare ValueError (a traceback) past Python's 4,300-digit limit."""
+    text = Path(QUICKSTART).read_text().replace("seed: 0", "seed: " + "9" * 5000, 1)
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    code, output = cli(capsys, "validate", config)
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if "9" * 5000 in row)
+    assert code == 2 and "seed: an integer of 5000 digits" in output and f"line {line}," in output, output
