@@ -33,6 +33,18 @@ def load_runs(folder: Path) -> list[dict]:
     return [json.loads(path.read_text()) for path in sorted(Path(folder).glob("*.json"))]
 
 
+def complete_seeds(runs: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(runs of the seeds every cell has, runs of seeds still in progress): a matrix resumed with more seeds
+    is reported on equal footing, every cell with the same seeds, until the extra seed is finished everywhere."""
+    cell_names = {(r["workflow"], r["mapping"], r["credit"]) for r in runs}
+    seeds = {r["seed"] for r in runs}
+    full = {seed for seed in seeds
+            if {(r["workflow"], r["mapping"], r["credit"]) for r in runs if r["seed"] == seed} == cell_names}
+    if not full:  # a matrix still at its first seed: report what there is
+        return runs, []
+    return [r for r in runs if r["seed"] in full], [r for r in runs if r["seed"] not in full]
+
+
 def peak(run: dict) -> tuple[float, int]:
     """Highest evaluated accuracy and the first step that reached it."""
     best = max(point["accuracy"] for point in run["curve"])
@@ -194,7 +206,10 @@ def claims(runs: list[dict]) -> list[tuple[str, str, str]]:
     shared = [r for (w, m, c), rs in grouped.items() if m == "shared" for r in rs]
     separate = [r for (w, m, c), rs in grouped.items() if m == "separate" for r in rs]
     n_shared, n_sep = sum(map(collapsed, shared)), sum(map(collapsed, separate))
-    cliff = ("holds" if n_sep >= n_shared + 3 else "does not hold" if n_sep <= n_shared else "undecided")
+    if n_sep == n_shared == 0:
+        cliff = "undecided (no run collapsed)"
+    else:
+        cliff = "holds" if n_sep >= n_shared + 3 else "does not hold" if n_sep <= n_shared else "undecided"
     rows.append(("Isolated policies fall off a terminal accuracy cliff more often", cliff,
                  f"collapses (last two evaluations > {COLLAPSE_MARGIN} below the run's peak): separate "
                  f"{n_sep}/{len(separate)}, shared {n_shared}/{len(shared)}; decided only at a difference of 3 "
@@ -272,7 +287,7 @@ def plot(runs: list[dict], workflow: str, path: Path) -> None:
             grid = np.linspace(0, end, 25)
             curves = np.array([np.interp(grid, [p["tokens"] for p in r["curve"]],
                                          [p["accuracy"] for p in r["curve"]]) for r in group])
-            axis.plot(grid, curves.mean(axis=0), color=COLOUR[credit], label=f"{credit} ({len(group)} seeds)")
+            axis.plot(grid, curves.mean(axis=0), color=COLOUR[credit], label=f"{credit} (n={len(group)})")
             axis.fill_between(grid, curves.min(axis=0), curves.max(axis=0), color=COLOUR[credit], alpha=0.15)
         axis.set_title(f"{mapping}", fontsize=10)
         axis.set_xlabel("sampled response tokens")
@@ -377,7 +392,9 @@ def main() -> None:
     parser.add_argument("--notes", type=Path, default=REPO / "benchmarks" / "results" / "workflow_matrix_notes.md",
                         help="hand-written commentary appended to the generated section (if the file exists)")
     args = parser.parse_args()
-    runs = load_runs(args.results)
+    runs, pending = complete_seeds(load_runs(args.results))
+    if pending:
+        print(f"({len(pending)} runs of seeds not yet finished in every cell are left out)")
     print(table(runs))
     if args.docs:
         notes = args.notes.read_text() if args.notes.exists() else ""
