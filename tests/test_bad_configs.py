@@ -373,7 +373,7 @@ def test_catalogue_is_large_and_ids_are_unique():
         .replace("generation: {max_new_tokens: 1, temperature: 1.0, require_eos: false}", "generation: *gen")),
     jsonl_data("\n".join(json.dumps({"target": t, "answer": t}) for t in "abcd") + "\n"),
     method("rollout", "entropy_branch", roots=2, siblings=1, trigger="mixed"),
-    method("credit", "gdpo", channels=["signal"], weights=[1.0]),
+    method("credit", "gdpo", channels=["exact_match"], weights=[1.0]),
     tree(lambda c: c["algorithm"].update(loss="m2po", loss_params={"tau": 0.02})),
     agent(lambda f: sys.executable),
 ], ids=["quickstart", "anchors-and-aliases", "jsonl-data", "typed-params", "explicit-params-model", "loss-params",

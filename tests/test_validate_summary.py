@@ -46,11 +46,11 @@ def test_plain_algorithm_lists_every_extension_point_and_its_default(capsys):
 def test_plugins_in_force_are_named_with_params_and_provider(capsys):
     out = validate(capsys, QUICKSTART, "--set", "algorithm.rollout={name: entropy_branch, params: {roots: 2}}",
                    "--set", "algorithm.update_order={name: reverse_execution}",
-                   "--set", "algorithm.credit={name: gdpo, params: {channels: [signal], weights: [1.0]}}",
+                   "--set", "algorithm.credit={name: gdpo, params: {channels: [exact_match], weights: [1.0]}}",
                    "--set", "algorithm.max_staleness=2", "--set", "models.shared.algorithm={loss: gspo}")
     assert "rollout control: entropy_branch {'roots': 2} (from unimas)" in out
     assert "update order: reverse_execution (from unimas)" in out
-    assert "credit shaper: gdpo {'channels': ['signal'], 'weights': [1.0]} (from unimas)" in out
+    assert "credit shaper: gdpo {'channels': ['exact_match'], 'weights': [1.0]} (from unimas)" in out
     assert "max_staleness: 2 (asynchronous: stale turns drop" in out
     assert "forking: algorithm.rollout 'entropy_branch' forks recorded episodes" in out
     assert "models.shared.algorithm: loss gspo" in out
