@@ -1,10 +1,13 @@
-"""Supervised warm start of the built test chat model for examples/math_team_learning.yaml.
+"""Supervised warm start of the built test chat model for examples/math_team_learning.yaml, through
+``unimas warmstart``.
 
 The built test chat model (``python -m unimas.testing.tiny_chat``) knows no arithmetic,
-so RL from it has nothing to reinforce. This script trains it briefly on
-``math_synthetic`` problems, with every prompt rendered exactly as the math
-team's roles render it (the chat template around the role's template, no
-system message), so the prompt ids match what RL will see:
+so RL from it has nothing to reinforce. This script writes (template variables, answer)
+pairs on ``math_synthetic`` problems and fits the model on them with
+:func:`unimas.training.warm_start.warm_start` (the function behind ``unimas warmstart``),
+which renders every pair exactly as the math team's roles in
+``examples/math_team_learning.yaml`` render their turns (the chat template around the
+role's template, no system message), so the prompt ids match what RL will see:
 
 * solver   ``solve: {question}`` -> the answer;
 * verifier ``check: {question} = {proposal}\\nreply ok or wrong`` -> ``ok`` when
@@ -14,12 +17,12 @@ system message), so the prompt ids match what RL will see:
 
 It stops as soon as greedy solver accuracy on held-out problems reaches
 ``--target`` (default 0.35), so RL starts from a weak but non-trivial team,
-and writes a unimas checkpoint usable as ``init_from``::
+and writes ``OUT/team``, a checkpoint usable as ``init_from``::
 
     python -m unimas.testing.tiny_chat examples/models/tiny-chat
     python examples/math_team_warm_start.py --out RUN/math-warm
     unimas train examples/math_team_learning.yaml --run-dir RUN/rl \\
-        --set 'models.team.options={init_from: RUN/math-warm}'
+        --set 'models.team.options={init_from: RUN/math-warm/team}'
 
 (see docs/workflows/math_team.md, "Learning on CPU").
 """
@@ -27,74 +30,48 @@ and writes a unimas checkpoint usable as ``init_from``::
 from __future__ import annotations
 
 import argparse
+import json
 import random
-import time
 from pathlib import Path
 
-import torch
 from unimas_workflows.math_team import math_synthetic
 
-from unimas.config.schema import (
-    AlgorithmConfig,
-    GenerationConfig,
-    ModelGroupConfig,
-    OptimConfig,
-)
-from unimas.groups.base import GenRequest, GroupSpec
-from unimas.groups.torch import SupervisedExample, TorchModelGroup, TorchOptions
-from unimas.groups.torch.checkpoint import keep_weights_only
+from unimas.config.loading import config_from_dict, load_config
+from unimas.training.warm_start import warm_start
 
 HERE = Path(__file__).resolve().parent
-SOLVER = "solve: {question}"
-VERIFIER = "check: {question} = {proposal}\nreply ok or wrong"
-REFINER = "fix: {question} = {proposal}\nobjection: {objection}"
-
-
-def user(content: str) -> list[dict[str, str]]:
-    return [{"role": "user", "content": content}]
-
-
-def rendered(group: TorchModelGroup, content: str) -> str:
-    """The prompt text as a role turn renders it: chat template + generation prompt, no system message."""
-    return group.tokenizer.apply_chat_template(user(content), tokenize=False, add_generation_prompt=True)
 
 
 def wrong(answer: str, rng: random.Random) -> str:
     return str(int(answer) + rng.choice([-3, -2, -1, 1, 2, 3]))
 
 
-def batch(group: TorchModelGroup, tasks: list[dict], size: int, rng: random.Random,
-          verifier: bool) -> list[SupervisedExample]:
-    examples = []
-    for task in rng.sample(tasks, size):
+def pairs(tasks: list[dict], rng: random.Random, verifier: bool) -> list[dict]:
+    """The solver's pair of each task and, with ``verifier``, one verifier and one refiner pair."""
+    lines = []
+    for task in tasks:
         question, answer = task["question"], task["answer"]
-        examples.append(SupervisedExample(prompt=rendered(group, SOLVER.format(question=question)), response=answer))
+        lines.append({"role": "solver", "vars": {"question": question}, "answer": answer})
         if verifier:
             right = rng.random() < 0.5
-            proposal = answer if right else wrong(answer, rng)
-            examples.append(SupervisedExample(
-                prompt=rendered(group, VERIFIER.format(question=question, proposal=proposal)),
-                response="ok" if right else "wrong"))
-            examples.append(SupervisedExample(
-                prompt=rendered(group, REFINER.format(question=question, proposal=wrong(answer, rng),
-                                                      objection="wrong")),
-                response=answer))
-    return examples
+            lines.append({"role": "verifier", "vars": {"question": question,
+                                                       "proposal": answer if right else wrong(answer, rng)},
+                          "answer": "ok" if right else "wrong"})
+            lines.append({"role": "refiner", "vars": {"question": question, "proposal": wrong(answer, rng),
+                                                      "objection": "wrong"}, "answer": answer})
+    return lines
 
 
-def solver_accuracy(group: TorchModelGroup, tasks: list[dict]) -> float:
-    generation = GenerationConfig(max_new_tokens=6, require_eos=False)
-    requests = [GenRequest(prompt=SOLVER.format(question=t["question"]), generation=generation, greedy=True,
-                           messages=user(SOLVER.format(question=t["question"]))) for t in tasks]
-    results = group.generate(requests)
-    return sum(r.text.strip() == t["answer"] for r, t in zip(results, tasks)) / len(tasks)
+def write(path: Path, lines: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=HERE / "models" / "tiny-chat",
                         help="the built test chat model (built there if missing)")
-    parser.add_argument("--out", type=Path, required=True, help="checkpoint dir to write (use as init_from)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the pair files and OUT/team")
     parser.add_argument("--kinds", nargs="+", default=["add"])
     parser.add_argument("--max-operand", type=int, default=9)
     parser.add_argument("--target", type=float, default=0.35)
@@ -104,30 +81,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-verifier", action="store_true", help="warm-start the solver turn only")
     args = parser.parse_args()
-    torch.manual_seed(args.seed)
     if not (args.model / "config.json").exists():
         from unimas.testing.tiny_chat import build_chat_model
         build_chat_model(args.model)
     rng = random.Random(args.seed)
-    config = ModelGroupConfig(options={"path": str(args.model)}, optim=OptimConfig(lr=args.lr))
-    spec = GroupSpec(name="team", config=config, options=TorchOptions.model_validate(config.options), adapters=[],
-                     seed=args.seed, algorithm=AlgorithmConfig())
-    group = TorchModelGroup.build(spec)
-    train = math_synthetic("train", args.seed, size=2000, max_operand=args.max_operand, kinds=args.kinds)
-    held_out = math_synthetic("eval", args.seed, size=64, max_operand=args.max_operand, kinds=args.kinds)
-    started = time.perf_counter()
-    print(f"step 0: solver greedy accuracy {solver_accuracy(group, held_out):.3f}", flush=True)
-    for step in range(1, args.max_steps + 1):
-        loss = group.train_supervised(batch(group, train, args.batch, rng, not args.no_verifier))
-        if step % 25 == 0:
-            accuracy = solver_accuracy(group, held_out)
-            print(f"step {step}: loss {loss:.3f} solver greedy accuracy {accuracy:.3f} "
-                  f"({time.perf_counter() - started:.0f}s)", flush=True)
-            if accuracy >= args.target:
-                break
-    group.save(args.out)
-    keep_weights_only(args.out)  # init_from reads weights only
-    print(f"wrote {args.out}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    problems = dict(max_operand=args.max_operand, kinds=args.kinds)
+    train = write(args.out / "train.jsonl",
+                  pairs(math_synthetic("train", args.seed, size=2000, **problems), rng, not args.no_verifier))
+    held_out = write(args.out / "eval.jsonl", pairs(math_synthetic("eval", args.seed, size=64, **problems), rng, False))
+    tree = load_config(HERE / "math_team_learning.yaml").model_dump(mode="json", by_alias=True)
+    tree["models"]["team"]["options"] = {"path": str(args.model)}
+    warm_start(config_from_dict(tree, "examples/math_team_learning.yaml"), train, args.out, steps=args.max_steps,
+               batch_size=args.batch, lr=args.lr, seed=args.seed, eval_data=held_out, target=args.target,
+               eval_every=25)
 
 
 if __name__ == "__main__":
