@@ -165,16 +165,17 @@ class TimingTransport:
 def instrument_group(group, phases: Phases) -> None:
     """Time a TorchModelGroup's policy forward and reference forward inside ``update``.
 
-    Wraps two bound methods on the instance (the class is untouched):
-    ``response_logprobs`` while autograd is on is the policy forward of an update
+    Wraps two bound methods of the group's policy on the instance (the class is untouched):
+    ``logprobs`` while autograd is on is the policy forward of an update
     ("policy_fwd"); ``reference_logprobs`` is the KL reference forward
     ("ref_fwd", including the lazy copy of the reference on first use).
     What remains of ``update`` is loss, backward and optimiser step.
     """
     import torch
 
-    logprobs = group.response_logprobs
-    reference = group.reference_logprobs
+    policy = group.policy
+    logprobs = policy.logprobs
+    reference = policy.reference_logprobs
 
     def timed_logprobs(*args, **kwargs):
         if not torch.is_grad_enabled():
@@ -186,8 +187,8 @@ def instrument_group(group, phases: Phases) -> None:
         with phases.phase("ref_fwd"):
             return reference(*args, **kwargs)
 
-    group.response_logprobs = timed_logprobs
-    group.reference_logprobs = timed_reference
+    policy.logprobs = timed_logprobs
+    policy.reference_logprobs = timed_reference
 
 
 # ------------------------------------------------------------------ models

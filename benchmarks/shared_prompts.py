@@ -78,18 +78,18 @@ def build_group(args: argparse.Namespace, longest: int):
 @contextlib.contextmanager
 def sharing(enabled: bool):
     """Sharing off: every row is its own distinct prompt (what the backend did before)."""
-    from unimas.groups.torch import sampling, training
+    from unimas.groups.torch import batches, sampling
 
     if enabled:
         yield
         return
-    saved = sampling.distinct_prompts, training.split_forward
+    saved = sampling.distinct_prompts, batches.split_forward
     sampling.distinct_prompts = lambda prompts: (list(prompts), None)
-    training.split_forward = lambda prompts: None
+    batches.split_forward = lambda prompts: None
     try:
         yield
     finally:
-        sampling.distinct_prompts, training.split_forward = saved
+        sampling.distinct_prompts, batches.split_forward = saved
 
 
 def measure(args: argparse.Namespace, group, length: int) -> dict:
@@ -101,24 +101,24 @@ def measure(args: argparse.Namespace, group, length: int) -> dict:
 
     rng = random.Random(length)
     texts = ["".join(rng.choice(ALPHABET) for _ in range(length)) for _ in range(args.tasks)]
-    prompts = [group.tokenizer(text)["input_ids"] for text in texts for _ in range(args.group)]
+    prompts = [group.policy.tokenizer(text)["input_ids"] for text in texts for _ in range(args.group)]
     responses = [[rng.randrange(3, len(ALPHABET)) for _ in range(args.new_tokens)] for _ in prompts]
     turns = [TrainTurn(prompt, response, [0.0] * len(response), 1.0) for prompt, response in zip(prompts, responses)]
     generation = GenerationConfig(max_new_tokens=args.new_tokens, require_eos=False)
-    eos_never = [len(group.tokenizer) + 1]  # rows run the full length in both modes
+    eos_never = [len(group.policy.tokenizer) + 1]  # rows run the full length in both modes
 
     def sample() -> None:
         with torch.inference_mode():
-            sampling.sample_tokens(group.model, prompts, generation, False, eos_ids=eos_never, pad_id=group.pad_id,
-                                   logit_bias=group.logit_bias, generator=group.generator)
+            sampling.sample_tokens(group.policy.model, prompts, generation, False, eos_ids=eos_never, pad_id=group.policy.pad_id,
+                                   logit_bias=group.policy.logit_bias, generator=group.generator)
 
     def reference() -> None:
         with torch.inference_mode():
-            group.response_logprobs(group.model, turns, [None] * len(turns))
+            group.policy.logprobs(turns, [None] * len(turns), group.learner.batches)
 
     def policy() -> None:
-        group.model.zero_grad(set_to_none=True)
-        logp, entropy, mask = group.response_logprobs(group.model, turns, [None] * len(turns), entropy=True)
+        group.policy.model.zero_grad(set_to_none=True)
+        logp, entropy, mask = group.policy.logprobs(turns, [None] * len(turns), group.learner.batches, entropy=True)
         ((logp + entropy) * mask).sum().backward()
 
     row = {"prompt tokens": len(prompts[0]), "rows": len(prompts)}

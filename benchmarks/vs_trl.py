@@ -189,7 +189,7 @@ def worker_unimas(a: argparse.Namespace) -> dict:
         trainer, transport = build_unimas(tree, Path(tmp) / "run", phases)
         group = transport.groups["policy"]
         instrument_group(group, phases)
-        before = policy_quality(group.model, group.tokenizer)
+        before = policy_quality(group.policy.model, group.policy.tokenizer)
         step_s, tokens, rewards, per_step, midway = [], [], [], [], {}
         profiler = RoundProfiler(unimas_owned)
 
@@ -209,7 +209,7 @@ def worker_unimas(a: argparse.Namespace) -> dict:
                 rewards.append(record["reward/mean"])
                 per_step.append(phases.reset())
                 if step + 1 == a.steps // 2:  # outside the timed interval
-                    midway.update(policy_quality(group.model, group.tokenizer))
+                    midway.update(policy_quality(group.policy.model, group.policy.tokenizer))
                     last = time.perf_counter()
             writer.close()
             await trainer.pipeline.close()  # the asynchronous pipeline's rollouts sampled ahead
@@ -217,7 +217,7 @@ def worker_unimas(a: argparse.Namespace) -> dict:
         with collector_as_in_training():
             asyncio.run(loop())
         profiler.finish()
-        after = policy_quality(group.model, group.tokenizer)
+        after = policy_quality(group.policy.model, group.policy.tokenizer)
         replica_mb = replica_peak_rss_mb(group.sampler.replica) if hasattr(group.sampler, "replica") else 0.0
     return {"framework": a.worker, "profile": profiler.frames() if a.profile_run else None, "seed": a.seed,
             "beta": a.beta, "quality_before": before, "quality_midway": midway, "quality": after,

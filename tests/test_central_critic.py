@@ -17,7 +17,7 @@ from tests.test_torch_backend import make_group
 from unimas.cli import main
 from unimas.config.schema import CriticConfig, OptimConfig
 from unimas.groups.base import TrainTurn
-from unimas.groups.torch.critic import Critic, with_context
+from unimas.groups.critic_common import with_context
 from unimas.training.central_critic import render_context
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 
@@ -49,10 +49,9 @@ def test_the_rendered_context_is_every_earlier_turn_as_a_role_line():
 
 
 def critic_group(value_lr: float = 3e-3, random_head: bool = False, **algorithm):
-    group = make_group(seed=0, algorithm={"estimator": "gae", **algorithm}, alphabet=ALPHABET)
-    group.spec.config = group.config.model_copy(update={"critic": CriticConfig(optim=OptimConfig(lr=value_lr))})
+    group = make_group(seed=0, algorithm={"estimator": "gae", **algorithm}, alphabet=ALPHABET,
+                       critic=CriticConfig(optim=OptimConfig(lr=value_lr)))
     group.spec.estimator = gae()
-    group.critic = Critic(group.spec, group.base_model(), len(group.tokenizer), group.device)
     if random_head:
         with torch.no_grad():
             torch.manual_seed(0)
@@ -60,8 +59,14 @@ def critic_group(value_lr: float = 3e-3, random_head: bool = False, **algorithm)
     return group
 
 
+def context(group, turns: list[TrainTurn]) -> list[TrainTurn]:
+    """The turns as the group's centralized critic reads them (each ``context`` before the prompt)."""
+    policy = group.policy
+    return with_context(turns, policy.tokenizer, policy.name, policy.max_positions)
+
+
 def ids(group, text: str) -> list[int]:
-    return group.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return group.policy.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def test_the_central_critic_reads_earlier_roles_turns_and_a_per_group_critic_does_not():
@@ -72,8 +77,8 @@ def test_the_central_critic_reads_earlier_roles_turns_and_a_per_group_critic_doe
         turn = next(t for t in episode.turns() if t.id == "C#0")
         train = TrainTurn(ids(group, turn.prompt), ids(group, "e"), [0.0], 0.0, episode="e1", role="C",
                           context=render_context(episode, turn))
-        central = group.critic.values(group, with_context(group, [train]), chunk=4)[0]
-        own = group.critic.values(group, [train], chunk=4)[0]  # a per-group critic reads the turn alone
+        central = group.critic.values(context(group, [train]), 4, group.learner.batches)[0]
+        own = group.critic.values([train], 4, group.learner.batches)[0]  # a per-group critic reads the turn alone
         return central, own
 
     (central, own), (central_changed, own_changed) = values_of_c("ab"), values_of_c("ha")
@@ -87,7 +92,7 @@ def test_context_characters_outside_the_vocabulary_name_the_field():
     from unimas.errors import UserError
 
     with pytest.raises(UserError, match="'k', 'p', 'r'") as raised:
-        with_context(group, [turn])
+        context(group, [turn])
     assert raised.value.where == "algorithm.central_critic"
 
 

@@ -104,12 +104,9 @@ def test_gae_refuses_values_that_do_not_match_the_tokens():
 
 
 def critic_group(seed=0, value_lr=3e-3, **algorithm):
-    group = make_group(seed=seed, algorithm={"estimator": "gae", **algorithm})
-    group.spec.config = group.config.model_copy(update={"critic": CriticConfig(optim=OptimConfig(lr=value_lr))})
+    group = make_group(seed=seed, algorithm={"estimator": "gae", **algorithm},
+                       critic=CriticConfig(optim=OptimConfig(lr=value_lr)))
     group.spec.estimator = gae()
-    from unimas.groups.torch.critic import Critic
-
-    group.critic = Critic(group.spec, group.base_model(), len(group.tokenizer), group.device)
     return group
 
 
@@ -117,21 +114,23 @@ def test_the_value_of_a_token_is_read_from_the_state_before_it():
     group = critic_group()
     with torch.no_grad():
         group.critic.model.head.weight.normal_()
-    ids = group.tokenizer("S:abc", add_special_tokens=False)["input_ids"]
+    ids = group.policy.tokenizer("S:abc", add_special_tokens=False)["input_ids"]
     whole = TrainTurn(ids[:2], ids[2:], [], 0.0)
-    values = group.critic.values(group, [whole], chunk=4)[0]
+    values = group.critic.values([whole], 4, group.learner.batches)[0]
     for j in range(len(ids) - 2):  # the state before token j is the prompt extended by the tokens before it
         later = TrainTurn(ids[: 2 + j], ids[2 + j:], [], 0.0)
-        assert group.critic.values(group, [later], chunk=4)[0][0] == pytest.approx(values[j], abs=1e-5)
+        assert group.critic.values([later], 4, group.learner.batches)[0][0] == pytest.approx(values[j], abs=1e-5)
     assert len(set(round(v, 4) for v in values)) == len(values)  # the head is not constant: the check has teeth
 
 
 def fixed_reward_turns(group) -> list[TrainTurn]:
-    """Eight one-turn episodes: the reward is a fixed function of the prompt (the target letter)."""
+    """Eight one-turn episodes: the reward is a fixed function of the prompt (the target letter). ``group``: a
+    torch group (its policy's tokenizer) or a verl one (its own)."""
+    tokenizer = group.policy.tokenizer if hasattr(group, "policy") else group.tokenizer
     turns = []
     for i, letter in enumerate("abcdefgh"):
-        prompt = group.tokenizer(f"S:{letter}", add_special_tokens=False)["input_ids"]
-        response = group.tokenizer(letter, add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(f"S:{letter}", add_special_tokens=False)["input_ids"]
+        response = tokenizer(letter, add_special_tokens=False)["input_ids"]
         turns.append(TrainTurn(prompt, response, [0.0], 0.0, episode=f"e{i}", role="speaker", reward=i / 7))
     return turns
 
@@ -143,7 +142,7 @@ thread); the bound leaves room for other CPUs' rounding."""
 
 def test_the_critic_learns_a_fixed_reward_explained_variance_above_0_9():
     group = critic_group(critic_warmup=10_000)  # only the critic trains: the task stays fixed
-    weights = [p.detach().clone() for p in group.train_params]
+    weights = [p.detach().clone() for p in group.policy.train_params]
     turns = fixed_reward_turns(group)
     history = []
     for _ in range(STEPS_TO_EXPLAIN):
@@ -153,7 +152,7 @@ def test_the_critic_learns_a_fixed_reward_explained_variance_above_0_9():
             break
     assert history[0] == 0.0 and metrics["critic/value_mean"] != 0.0  # values start at 0 (zero head)
     assert history[-1] > 0.9, history
-    assert metrics["tokens"] == 0.0 and all(torch.equal(a, b) for a, b in zip(weights, group.train_params))
+    assert metrics["tokens"] == 0.0 and all(torch.equal(a, b) for a, b in zip(weights, group.policy.train_params))
     assert metrics["critic/value_loss"] > 0 and 0.0 <= metrics["critic/value_clip_frac"] <= 1.0
 
 
@@ -197,8 +196,8 @@ def test_init_from_warm_starts_the_critic_with_a_fresh_optimiser(tmp_path):
     for a, b in zip(group.critic.model.parameters(), warm.critic.model.parameters()):
         assert torch.equal(a, b)
     assert warm.critic.updates == 0 and warm.critic.warming_up  # a new run: its own schedule and warm-up
-    assert warm.critic.values(warm, turns, 8) == group.critic.values(group, turns, 8)
-    assert any(v != 0.0 for row in warm.critic.values(warm, turns, 8) for v in row)  # not the zero head
+    assert warm.critic.values(turns, 8, warm.learner.batches) == group.critic.values(turns, 8, group.learner.batches)
+    assert any(v != 0.0 for row in warm.critic.values(turns, 8, warm.learner.batches) for v in row)  # not the zero head
 
 
 # ------------------------------------------------------------------- validation

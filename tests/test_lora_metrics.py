@@ -10,7 +10,7 @@ from tests.test_torch_backend import PROMPTS, gen, make_group, set_algorithm, tu
 from unimas.cli import main
 from unimas.config.schema import LoraConfig
 from unimas.groups.base import GenRequest
-from unimas.groups.torch.training import ADAPTER_METRICS
+from unimas.groups.torch.learner import ADAPTER_METRICS
 
 
 def test_each_adapter_gets_its_own_loss_tokens_and_gradient_norm():

@@ -63,11 +63,11 @@ def test_the_replica_samples_with_the_weights_of_the_version_it_reports(group):
     old = [response_logprob(group, r) for r in before]
     for r, logp in zip(before, old):  # the child's log-probs are the trainer's for the same weights
         assert sum(r.logprobs) == pytest.approx(logp, abs=1e-4)
-    assert group.sampler.replica.weight_digests() == digests(group.model)
+    assert group.sampler.replica.weight_digests() == digests(group.policy.model)
 
     metrics = group.update(turns_from(before, advantage=1.0))
     assert metrics["weight_version"] == 1.0 and 0 <= metrics["weight_sync_s"] < 5 and metrics["weight_sync_wait_s"] >= 0
-    assert group.sampler.replica.weight_digests() == digests(group.model)  # bit-identical after the update
+    assert group.sampler.replica.weight_digests() == digests(group.policy.model)  # bit-identical after the update
     after = group.generate(requests())
     assert {r.weight_version for r in after} == {1}
     for r in after:
@@ -103,7 +103,7 @@ def test_a_checkpoint_continues_the_replicas_sampling_stream(group, tmp_path):
     other = make_group(seed=7, max_staleness=1)
     try:
         other.load(tmp_path)
-        assert other.sampler.replica.weight_digests() == digests(group.model)
+        assert other.sampler.replica.weight_digests() == digests(group.policy.model)
         assert [r.response_ids for r in other.generate(requests(6))] == expected
         assert {r.weight_version for r in other.generate(requests(2))} == {group.weight_version}
     finally:

@@ -13,21 +13,21 @@ import torch
 
 from unimas.groups.base import GenRequest
 from unimas.groups.torch import critic as critic_lib
-from unimas.groups.torch import sampling, shared_prompts, training
+from unimas.groups.torch import batches, sampling, shared_prompts
 from tests.test_torch_backend import gen, make_group, turns_from
 
 SHARED = ["S:a", "L:hgfedcba", "S:a", "S:bcd", "L:hgfedcba", "S:a", "a", "S:a"]
 
 
 def prompt_ids(group, texts):
-    return [group.tokenizer(text)["input_ids"] for text in texts]
+    return [group.policy.tokenizer(text)["input_ids"] for text in texts]
 
 
 def sample(group, prompts, config, greedy=False, seed=7):
     group.generator.manual_seed(seed)
     with torch.inference_mode():
-        return sampling.sample_tokens(group.model, prompts, config, greedy, eos_ids=group.eos_ids,
-                                      pad_id=group.pad_id, logit_bias=group.logit_bias, generator=group.generator)
+        return sampling.sample_tokens(group.policy.model, prompts, config, greedy, eos_ids=group.policy.eos_ids,
+                                      pad_id=group.policy.pad_id, logit_bias=group.policy.logit_bias, generator=group.generator)
 
 
 def input_shapes(model, monkeypatch) -> list[tuple[int, ...]]:
@@ -50,7 +50,7 @@ def test_distinct_prompts_index_every_row_and_say_none_when_all_differ():
 
 def test_the_prefill_forward_sees_each_distinct_prompt_once_and_decoding_sees_every_row(monkeypatch):
     group = make_group()
-    widths = input_shapes(group.model, monkeypatch)
+    widths = input_shapes(group.policy.model, monkeypatch)
     prompts = prompt_ids(group, SHARED)
     tokens, logprobs = sample(group, prompts, gen(max_new=3, require_eos=False))
     longest = max(len(p) for p in prompts)
@@ -92,9 +92,9 @@ def test_a_legacy_tuple_cache_is_copied_row_by_row_and_an_unknown_one_is_refused
 
 def every_row(monkeypatch, group) -> None:
     """Every turn its own prompt: one full ``[prompt | response]`` row each (the path without sharing). The
-    group forgets the batch it remembered for the last turns (``turn_batch``): that one was split."""
-    monkeypatch.setattr(training, "split_forward", lambda prompts: None)
-    monkeypatch.setattr(group, "_remembered_batch", None, raising=False)
+    learner forgets the batch it remembered for the last turns (its batch cache): that one was split."""
+    monkeypatch.setattr(batches, "split_forward", lambda prompts: None)
+    group.learner.batches.forget()
 
 
 def test_the_update_splits_its_forward_only_when_enough_prompt_tokens_are_shared():
@@ -123,13 +123,13 @@ def shared_turns(group, monkeypatch):
 def test_log_probs_forward_the_distinct_prompts_once_and_equal_full_rows(monkeypatch):
     group = make_group(seed=2)
     turns = shared_turns(group, monkeypatch)
-    widths = input_shapes(group.model, monkeypatch)
+    widths = input_shapes(group.policy.model, monkeypatch)
     with torch.inference_mode():
-        shared, _, shared_mask = group.response_logprobs(group.model, turns, [None] * len(turns))
+        shared, _, shared_mask = group.policy.logprobs(turns, [None] * len(turns), group.learner.batches)
     assert widths[0][0] == 4 and widths[1][0] == len(turns)  # the 4 distinct prompts, then every response
     every_row(monkeypatch, group)
     with torch.inference_mode():
-        full, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
+        full, _, mask = group.policy.logprobs(turns, [None] * len(turns), group.learner.batches)
     assert widths[2][0] == len(turns) and len(widths) == 3  # one full row per turn
     assert torch.equal(mask, shared_mask)
     assert torch.allclose(shared * mask, full * mask, atol=1e-5)
@@ -141,10 +141,10 @@ def test_gradients_through_shared_prompts_are_those_of_full_rows(monkeypatch):
     turns = shared_turns(group, monkeypatch)
 
     def gradients() -> tuple[torch.Tensor, list[torch.Tensor]]:
-        group.model.zero_grad(set_to_none=True)
-        logp, entropy, mask = group.response_logprobs(group.model, turns, [None] * len(turns), entropy=True)
+        group.policy.model.zero_grad(set_to_none=True)
+        logp, entropy, mask = group.policy.logprobs(turns, [None] * len(turns), group.learner.batches, entropy=True)
         ((logp + 0.1 * entropy) * mask * torch.linspace(-1, 1, len(turns))[:, None]).sum().backward()
-        return logp.detach(), [p.grad.clone() for p in group.model.parameters() if p.grad is not None]
+        return logp.detach(), [p.grad.clone() for p in group.policy.model.parameters() if p.grad is not None]
 
     shared_logp, shared_grads = gradients()
     every_row(monkeypatch, group)
@@ -169,9 +169,9 @@ def test_critic_values_and_their_gradients_through_shared_prompts_are_those_of_f
     monkeypatch.setattr(critic_lib, "forward_split", shared_prompts.forward_split)
 
     def values_and_gradients() -> tuple[list[list[float]], torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-        read = group.critic.values(group, turns, chunk=len(turns))
+        read = group.critic.values(turns, len(turns), group.learner.batches)
         model.zero_grad(set_to_none=True)
-        values, mask = critic_lib._values(model, group, turns)
+        values, mask = critic_lib._values(model, turns, group.learner.batches)
         (values * mask * torch.linspace(-1, 1, len(turns))[:, None]).sum().backward()
         return read, values.detach(), mask, [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
@@ -199,8 +199,8 @@ def test_a_model_whose_cache_rows_cannot_be_copied_computes_every_row(monkeypatc
 
     def answers():
         with torch.inference_mode():
-            logp, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
-            values, _ = critic_lib._values(group.critic.model, group, turns)
+            logp, _, mask = group.policy.logprobs(turns, [None] * len(turns), group.learner.batches)
+            values, _ = critic_lib._values(group.critic.model, turns, group.learner.batches)
         return sample(group, prompts, config, greedy=True), logp * mask, values * mask
 
     shared = answers()

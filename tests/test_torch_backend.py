@@ -21,7 +21,8 @@ from unimas.algorithms import functions as algorithms
 from unimas.config.schema import AlgorithmConfig, GenerationConfig, LoraConfig, ModelGroupConfig, OptimConfig
 from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
 from unimas.groups.torch import SupervisedExample, TorchBackend, TorchModelGroup, TorchOptions
-from unimas.groups.torch.chars import build_char_tokenizer, check_known
+from unimas.groups.prompts import check_known
+from unimas.groups.torch.chars import build_char_tokenizer
 
 ALPHABET = "abcdefgh:SL "
 
@@ -35,11 +36,11 @@ def group_spec(config: ModelGroupConfig, adapters=(), seed=0, total_updates=0, n
 
 
 def make_group(arch="qwen2", seed=0, adapters=(), lora=None, trainable=True, lr=1e-3, optim=None, total_updates=0,
-               algorithm=None, **tiny) -> TorchModelGroup:
+               algorithm=None, critic=None, **tiny) -> TorchModelGroup:
     spec = dict(alphabet=ALPHABET, architecture=arch, hidden_size=32, num_layers=2, num_heads=4, max_positions=64)
     spec.update(tiny)
     config = ModelGroupConfig(options={"tiny": spec}, lora=lora, trainable=trainable,
-                              optim=OptimConfig(lr=lr, **(optim or {})))
+                              optim=OptimConfig(lr=lr, **(optim or {})), critic=critic)
     return TorchModelGroup.build(group_spec(config, adapters, seed, total_updates, **(algorithm or {})))
 
 
@@ -66,7 +67,7 @@ def turns_from(results, advantage=1.0, temperature=1.0, adapter=None) -> list[Tr
 def response_logprob(group, result, adapter=None) -> float:
     turn = turns_from([result], adapter=adapter)[0]
     with torch.no_grad():
-        logp, _, mask = group.response_logprobs(group.model, [turn], [adapter])
+        logp, _, mask = group.policy.logprobs([turn], [adapter], group.learner.batches)
     return float((logp * mask).sum())
 
 
@@ -103,9 +104,9 @@ def test_padding_does_not_change_logprobs(arch):
         np.testing.assert_allclose(alone.logprobs, together.logprobs, atol=1e-5)
     turns = turns_from(batch)
     with torch.no_grad():
-        logp, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
+        logp, _, mask = group.policy.logprobs(turns, [None] * len(turns), group.learner.batches)
         for row, turn in enumerate(turns):
-            single, _, _ = group.response_logprobs(group.model, [turn], [None])
+            single, _, _ = group.policy.logprobs([turn], [None], group.learner.batches)
             n = len(turn.response_ids)
             torch.testing.assert_close(logp[row, :n], single[0, :n], atol=1e-5, rtol=0)
             assert mask[row].sum() == n
@@ -117,7 +118,7 @@ def test_rollout_logprobs_equal_training_logprobs(arch, temperature):
     results = group.generate([GenRequest(p, gen(8, temperature)) for p in PROMPTS * 4])
     turns = turns_from(results, temperature=temperature)
     with torch.no_grad():
-        logp, _, mask = group.response_logprobs(group.model, turns, [None] * len(turns))
+        logp, _, mask = group.policy.logprobs(turns, [None] * len(turns), group.learner.batches)
     for row, r in enumerate(results):
         np.testing.assert_allclose(logp[row, : len(r.logprobs)].numpy(), r.logprobs, atol=1e-5)
     metrics = group.update(turns)
@@ -136,8 +137,8 @@ def test_score_is_each_turns_summed_logprob_under_the_current_weights():
 
 def test_eos_stops_and_is_included():
     group = make_group()
-    eos = group.tokenizer.eos_token_id
-    group.logit_bias[eos] = 2.5  # make EOS frequent but not certain
+    eos = group.policy.tokenizer.eos_token_id
+    group.policy.logit_bias[eos] = 2.5  # make EOS frequent but not certain
     results = group.generate([GenRequest(p, gen(5)) for p in PROMPTS * 10])
     assert any(r.finished for r in results) and not all(r.finished for r in results)
     for r in results:
@@ -146,9 +147,9 @@ def test_eos_stops_and_is_included():
             assert r.response_ids[-1] == eos and eos not in r.response_ids[:-1]
         else:
             assert len(r.response_ids) == 5 and eos not in r.response_ids
-        assert r.text == group.tokenizer.decode([t for t in r.response_ids if t != eos])
+        assert r.text == group.policy.tokenizer.decode([t for t in r.response_ids if t != eos])
         assert "<" not in r.text and " " * 2 not in r.text
-    group.logit_bias[eos] = 100.0
+    group.policy.logit_bias[eos] = 100.0
     only = group.generate([GenRequest("S:a", gen(5))])[0]
     assert only.response_ids == [eos] and only.finished and only.text == ""
 
@@ -165,13 +166,13 @@ def test_mixed_settings_keep_order_and_greedy_matches():
     assert [len(o.response_ids) <= r.generation.max_new_tokens for o, r in zip(out, requests)] == [True] * 4
     assert out[0].response_ids == group.generate([requests[0]])[0].response_ids
     assert out[2].response_ids == group.generate([requests[2]])[0].response_ids
-    assert [o.prompt_ids[-1] for o in out] == [group.tokenizer.convert_tokens_to_ids(c) for c in "abcd"]
+    assert [o.prompt_ids[-1] for o in out] == [group.policy.tokenizer.convert_tokens_to_ids(c) for c in "abcd"]
 
 
 def test_long_prompts_are_cut_from_the_left():
     group = make_group(max_positions=16)
     result = group.generate([GenRequest("S:" + "abcdefgh" * 3 + "c", gen(4))])[0]
-    assert len(result.prompt_ids) == 12 and result.prompt_ids[-1] == group.tokenizer.convert_tokens_to_ids("c")
+    assert len(result.prompt_ids) == 12 and result.prompt_ids[-1] == group.policy.tokenizer.convert_tokens_to_ids("c")
     assert result.truncated and result.response_ids  # cut, counted per role by the controller, and sampled
 
 
@@ -195,7 +196,7 @@ def test_sampling_runs_in_eval_mode_even_after_something_left_train_mode_on():
     dropout on, sampling would differ from a fresh group's) is still switched."""
     def with_dropout() -> TorchModelGroup:
         group = make_group(seed=1)
-        for module in group.model.modules():
+        for module in group.policy.model.modules():
             if hasattr(module, "attention_dropout"):  # Qwen2 attention: applied only in train mode
                 module.attention_dropout = 0.5
         return group
@@ -203,9 +204,9 @@ def test_sampling_runs_in_eval_mode_even_after_something_left_train_mode_on():
     requests = [GenRequest(p, gen(8)) for p in PROMPTS * 3]
     fresh = [r.response_ids for r in with_dropout().generate(requests)]
     left_on = with_dropout()
-    left_on.model.train()
+    left_on.policy.model.train()
     assert [r.response_ids for r in left_on.generate(requests)] == fresh
-    assert not left_on.model.training
+    assert not left_on.policy.model.training
 
 def test_streamed_rows_report_their_text_as_it_grows_and_sample_the_same():
     """Rows with a progress callback see their text grow to the result's text (a stop string never shown);
@@ -234,14 +235,14 @@ def test_streamed_rows_report_their_text_as_it_grows_and_sample_the_same():
 def test_a_request_that_cannot_be_tokenised_fails_alone():
     """A prompt the tokenizer raises on is that request's error; the rest of the batch is sampled."""
     group = make_group()
-    tokenise = group.plain_prompt_ids
+    tokenise = group.policy.plain_prompt_ids
 
     def picky(texts):
         if any("h" in text for text in texts):
             raise ValueError("cannot tokenise 'h'")
         return tokenise(texts)
 
-    group.plain_prompt_ids = picky
+    group.policy.plain_prompt_ids = picky
     results = group.generate([GenRequest(p, gen(3)) for p in PROMPTS])
     failed = [r for r, p in zip(results, PROMPTS) if "h" in p]
     assert failed and all("cannot tokenise 'h'" in r.error and "'m'" in r.error and not r.response_ids
@@ -268,15 +269,15 @@ def test_minibatches_and_epochs_take_several_steps():
     group = make_group()
     results = group.generate([GenRequest(p, gen(4)) for p in PROMPTS * 2])
     set_algorithm(group, mini_batch_size=3, ppo_epochs=2)
-    before = [p.detach().clone() for p in group.train_params]
+    before = [p.detach().clone() for p in group.policy.train_params]
     metrics = group.update(turns_from(results))
-    assert group.optimizer.state[group.train_params[0]]["step"] == 8  # 2 epochs x ceil(10 / 3)
+    assert group.learner.optimizer.state[group.policy.train_params[0]]["step"] == 8  # 2 epochs x ceil(10 / 3)
     assert metrics["ppo_kl"] != 0.0  # later mini-batches see an updated policy
-    assert any(not torch.equal(b, p) for b, p in zip(before, group.train_params))
+    assert any(not torch.equal(b, p) for b, p in zip(before, group.policy.train_params))
 
 
 def lora_snapshot(group) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in group.model.named_parameters()}
+    return {k: v.detach().clone() for k, v in group.policy.model.named_parameters()}
 
 
 def test_lora_updates_only_the_turns_adapter():
@@ -291,10 +292,10 @@ def test_lora_updates_only_the_turns_adapter():
     # now both adapters in one mini-batch: each goes through its own forward
     mixed = turns_from(results[:2], adapter="x") + turns_from(results[2:], adapter="y")
     group.update(mixed)
-    changed = {k for k in after if not torch.equal(after[k], group.model.get_parameter(k))}
+    changed = {k for k in after if not torch.equal(after[k], group.policy.model.get_parameter(k))}
     assert any(".x." in k for k in changed) and any(".y." in k for k in changed)
     assert all("lora_" in k for k in changed)
-    assert all(p.requires_grad for p in group.train_params)
+    assert all(p.requires_grad for p in group.policy.train_params)
 
 
 def test_frozen_group_refuses_to_train():
@@ -313,12 +314,12 @@ def test_kl_reference_only_when_needed(lora):
     adapter = "x" if lora else None
     group = make_group(lr=1e-2, **kwargs)
     turns = turns_from(group.generate([GenRequest(p, gen(4), adapter=adapter) for p in PROMPTS]), adapter=adapter)
-    assert group.update(turns)["kl"] == 0.0 and group._reference is None
+    assert group.update(turns)["kl"] == 0.0 and not group.policy.has_reference_copy
     set_algorithm(group, kl_coef=0.1, ppo_epochs=2)
     for _ in range(2):
         metrics = group.update(turns)
     assert metrics["kl"] > 0
-    assert (group._reference is None) == lora  # LoRA: the base with adapters off is the reference
+    assert (not group.policy.has_reference_copy) == lora  # LoRA: the base with adapters off is the reference
 
 
 def test_supervised_steps_learn_a_copy_task():
@@ -350,11 +351,11 @@ def test_save_load_resumes_bit_identically(tmp_path, lora):
     resumed.load(tmp_path / "ckpt")
     assert (step(resumed), step(resumed)) == expected
 
-    config = first.config.model_copy(update={"options": {"init_from": str(tmp_path / "ckpt")}})
+    config = first.spec.config.model_copy(update={"options": {"init_from": str(tmp_path / "ckpt")}})
     warm = TorchModelGroup.build(group_spec(config, kwargs.get("adapters", ())))
     reference = make_group(seed=99, **kwargs)
     reference.load(tmp_path / "ckpt")
-    for (k, v), (k2, v2) in zip(warm.model.named_parameters(), reference.model.named_parameters()):
+    for (k, v), (k2, v2) in zip(warm.policy.model.named_parameters(), reference.policy.model.named_parameters()):
         assert k == k2 and torch.equal(v, v2)
 
 
@@ -383,7 +384,7 @@ def test_constant_schedule_keeps_the_rate_exactly():
     group = make_group(lr=3e-3, total_updates=4)
     turns = turns_from(group.generate([GenRequest(p, gen(3)) for p in PROMPTS[:2]]))
     assert [group.update(turns)["lr"] for _ in range(5)] == [3e-3] * 5
-    assert group.optimizer.param_groups[0]["lr"] == 3e-3
+    assert group.learner.optimizer.param_groups[0]["lr"] == 3e-3
 
 
 @pytest.mark.parametrize("schedule", ["linear", "cosine"])
@@ -396,7 +397,7 @@ def test_schedule_warms_up_then_decays_to_the_floor_at_the_horizon(schedule):
     shape = [1 - p if schedule == "linear" else 0.5 * (1 + math.cos(math.pi * p)) for p in progress]
     expected = [1e-2 / 3, 2e-2 / 3] + [1e-2 * (0.1 + 0.9 * s) for s in shape]
     assert used == pytest.approx(expected, rel=1e-9)
-    assert group.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-9)  # the floor at the horizon
+    assert group.learner.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-9)  # the floor at the horizon
     assert group.update([])["lr"] == pytest.approx(1e-3, rel=1e-9)  # and it stays there
 
 

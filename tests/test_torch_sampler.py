@@ -82,9 +82,9 @@ def test_a_copy_samples_the_published_weights_and_reports_their_version():
 def test_a_copy_keeps_sampling_the_old_weights_until_they_are_published():
     group = make_group("copy")
     group.update(turns_from(group.generate(requests()), advantage=1.0))
-    assert all(torch.equal(a, b) for a, b in zip(group.sampler.model.parameters(), group.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(group.sampler.model.parameters(), group.policy.model.parameters()))
     assert group.sampler.version == group.weight_version == 1
     with torch.no_grad():  # trained weights that were not published yet
-        for p in group.model.parameters():
+        for p in group.policy.model.parameters():
             p.add_(1.0)
-    assert not any(torch.equal(a, b) for a, b in zip(group.sampler.model.parameters(), group.model.parameters()))
+    assert not any(torch.equal(a, b) for a, b in zip(group.sampler.model.parameters(), group.policy.model.parameters()))

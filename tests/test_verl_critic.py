@@ -64,18 +64,18 @@ def learner():
 def test_values_start_at_zero_and_are_read_from_the_state_before_each_token(learner):
     ids = learner.tokenizer("S:abch", add_special_tokens=False)["input_ids"]
     whole = TrainTurn(ids[:2], ids[2:], [], 0.0)
-    assert learner.critic.values(learner, [whole, whole]) == [[0.0] * 4] * 2  # the head starts at zero
+    assert learner.critic.values([whole, whole]) == [[0.0] * 4] * 2  # the head starts at zero
     head = [p for name, p in learner.trainer.critic.engine.module.named_parameters() if name.startswith("score.")]
     saved = [p.detach().clone() for p in head]
     try:
         with torch.no_grad():
             for p in head:
                 p.normal_()
-        values = learner.critic.values(learner, [whole])[0]
+        values = learner.critic.values([whole])[0]
         assert len(values) == 4 and all(torch.isfinite(torch.tensor(values)))
         for j in range(4):  # the state before token j is the prompt extended by the tokens before it
             later = TrainTurn(ids[: 2 + j], ids[2 + j:], [], 0.0)
-            assert learner.critic.values(learner, [later])[0][0] == pytest.approx(values[j], abs=1e-5)
+            assert learner.critic.values([later])[0][0] == pytest.approx(values[j], abs=1e-5)
         assert len({round(v, 4) for v in values}) == len(values)  # the head is not constant: the check has teeth
     finally:
         with torch.no_grad():

@@ -196,6 +196,11 @@ class GroupSpec:
     role name, ``roles.<role>.entropy_coef`` / ``loss_weight``); empty: one objective for all its turns."""
 
 
+UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
+                  "rollout_logprob_diff", "lr", "tokens", "update_time_s", "stale_turns", "importance_weight")
+"""What every trainable group's ``update`` reports (docs/metrics.md); an update without turns reports them as 0."""
+
+
 class ModelGroup(ABC):
     """Weights for one or more roles: generate, update, checkpoint."""
 

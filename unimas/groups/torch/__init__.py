@@ -1,7 +1,10 @@
 """The in-process PyTorch backend (``backend: torch``); see :mod:`unimas.groups.torch.group`.
 
 Names load on first use (PEP 562): checking a config imports :mod:`unimas.groups.torch.options` alone, without
-torch or transformers (``unimas validate`` answers in seconds).
+torch or transformers (``unimas validate`` answers in seconds). What it shares with the verl backend comes from
+:mod:`unimas.groups` (the kit), never from :mod:`unimas.groups.verl`.
+
+May import: algorithms, config, errors, groups, safe_load.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import importlib
 from typing import Any
 
 _HOMES = {"TorchBackend": "backend", "TorchModelGroup": "group", "TinyModelConfig": "options",
-          "TorchOptions": "options", "SupervisedExample": "training"}
+          "TorchOptions": "options", "SupervisedExample": "learner"}
 
 __all__ = sorted(_HOMES)
 

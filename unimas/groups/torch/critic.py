@@ -9,7 +9,8 @@ random numbers. The value of the state before response token ``j`` is read
 from the hidden state at the position preceding it (the last prompt token for
 ``j = 0``): the same positions whose logits give the log-prob of token ``j``.
 
-One group update with a critic (:meth:`Critic.prepare`):
+One group update with a critic (:meth:`Critic.prepare`, called by the group's learner with its batch cache
+and the group's generator):
 
 1. values of every response token under the critic as it is (no gradient);
 2. GAE over each (episode, role)'s turns (:mod:`unimas.groups.role_gae`) with the
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -47,21 +47,20 @@ from unimas.config.schema import CriticConfig
 from unimas.errors import UserError
 from unimas.groups import role_gae
 from unimas.groups.base import Critique, GroupSpec, TrainTurn
+from unimas.groups.critic_common import METRICS, advantage_spread, value_statistics, with_context
 from unimas.groups.torch import optimizer as optim_lib
-from unimas.groups.torch.chars import check_known
+from unimas.groups.torch.batches import TurnBatches, minibatches
 from unimas.groups.torch.layout import PaddedBatch, pad_rows
-from unimas.groups.torch.shared_prompts import SplitBatch, UnsharableCache, forward_split
 from unimas.groups.torch.pretrained import pretrained_model
-from unimas.groups.torch.training import full_rows, minibatches, turn_batch
+from unimas.groups.torch.shared_prompts import SplitBatch, UnsharableCache, forward_split
+from unimas.groups.torch.weights import copy_weights
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
 if TYPE_CHECKING:
-    from unimas.groups.torch.group import TorchModelGroup
+    from unimas.groups.torch.policy import TorchPolicy
 
 BACKBONE_DIR = "model"
 HEAD_FILE, OPTIMIZER_FILE, SCHEDULER_FILE = "value_head.safetensors", "optimizer.pt", "scheduler.pt"
-METRICS = ("value_loss", "value_clip_frac", "explained_variance", "value_mean", "return_mean", "grad_norm", "lr")
-"""Reported as ``critic/<name>`` by every update of a group with a critic (plus ``critic/advantage_std/<role>``)."""
 
 
 class ValueModel(torch.nn.Module):
@@ -136,57 +135,61 @@ class Critic:
         optim_lib.advance(self.scheduler)
         return dict.fromkeys((f"critic/{key}" for key in METRICS), 0.0)
 
-    def values(self, group: "TorchModelGroup", turns: Sequence[TrainTurn], chunk: int) -> list[list[float]]:
+    def values(self, turns: Sequence[TrainTurn], chunk: int, batches: TurnBatches) -> list[list[float]]:
         """Each turn's per-token values under the current critic, ``chunk`` turns per forward."""
         rows: list[list[float]] = []
         with torch.inference_mode():
             for begin in range(0, len(turns), chunk):
                 part = turns[begin: begin + chunk]
-                values = _values(self.model, group, part)[0].tolist()
+                values = _values(self.model, part, batches)[0].tolist()
                 rows.extend(row[: len(t.response_ids)] for row, t in zip(values, part))
         return rows
 
-    def prepare(self, group: "TorchModelGroup", turns: list[TrainTurn]) -> tuple[list[TrainTurn], dict[str, float]]:
-        """Values, GAE, critic epochs (module docstring): the turns with per-token advantages, and metrics."""
+    def prepare(self, turns: list[TrainTurn], batches: TurnBatches, generator: torch.Generator
+                ) -> tuple[list[TrainTurn], dict[str, float]]:
+        """Values, GAE, critic epochs (module docstring): the turns with per-token advantages, and metrics.
+        ``batches`` lays turns out (the learner's cache); ``generator`` shuffles the mini-batches."""
         algorithm = self.spec.algorithm
         size = algorithm.mini_batch_size or len(turns)
-        old = self.values(group, turns, size)
+        old = self.values(turns, size, batches)
         advantages, returns = role_gae.gae_over_turns(self.spec.estimator, turns, old, algorithm.gamma,
                                                       algorithm.lam, algorithm.gae_reward)
-        metrics = {f"critic/{key}": value for key, value in self._train(group, turns, old, returns).items()}
-        metrics.update(_value_statistics(old, returns))
-        metrics.update(_advantage_spread(turns, advantages))
-        trained = [dataclasses.replace(t, token_advantages=a) for t, a in zip(turns, advantages)]
-        return trained, metrics
+        trained = self._train(turns, old, returns, batches, generator)
+        metrics = {f"critic/{key}": value for key, value in trained.items()}
+        metrics.update(value_statistics(old, returns))
+        metrics.update(advantage_spread(turns, advantages))
+        return [dataclasses.replace(t, token_advantages=a) for t, a in zip(turns, advantages)], metrics
 
-    def critique(self, group: "TorchModelGroup", turns: list[TrainTurn]) -> Critique:
+    def critique(self, policy: "TorchPolicy", turns: list[TrainTurn], batches: TurnBatches,
+                 generator: torch.Generator) -> Critique:
         """The centralized critic's step (docs/critic.md): each turn read after its ``context`` (the episode
-        before it, tokenised here), then :meth:`prepare`'s values, GAE and critic epochs."""
+        before it, tokenised by ``policy``'s tokenizer), then :meth:`prepare`'s values, GAE and critic epochs."""
         warming_up = self.warming_up
         if not turns:
             return Critique([], self.idle(), warming_up)
-        trained, metrics = self.prepare(group, with_context(group, turns))
+        read = with_context(turns, policy.tokenizer, policy.name, policy.max_positions)
+        trained, metrics = self.prepare(read, batches, generator)
         return Critique([t.token_advantages or [] for t in trained], metrics, warming_up)
 
-    def _train(self, group: "TorchModelGroup", turns: list[TrainTurn], old: list[list[float]],
-               returns: list[list[float]]) -> dict[str, float]:
+    def _train(self, turns: list[TrainTurn], old: list[list[float]], returns: list[list[float]],
+               batches: TurnBatches, generator: torch.Generator) -> dict[str, float]:
         algorithm = self.spec.algorithm
         size = algorithm.mini_batch_size or len(turns)
         sums: dict[str, float] = defaultdict(float)
         steps = 0
         lr = optim_lib.current_lr(self.optimizer)
-        for rows in minibatches(group, len(turns), size, algorithm.ppo_epochs):
-            for key, value in self._step(group, [turns[i] for i in rows], [old[i] for i in rows],
-                                         [returns[i] for i in rows]).items():
+        for rows in minibatches(len(turns), size, algorithm.ppo_epochs, generator):
+            for key, value in self._step([turns[i] for i in rows], [old[i] for i in rows],
+                                         [returns[i] for i in rows], batches).items():
                 sums[key] += value
             steps += 1
         optim_lib.advance(self.scheduler)
         return {**{key: value / max(steps, 1) for key, value in sums.items()}, "lr": lr}
 
-    def _step(self, group: "TorchModelGroup", turns: list[TrainTurn], old: list[list[float]],
-              returns: list[list[float]]) -> dict[str, float]:
+    def _step(self, turns: list[TrainTurn], old: list[list[float]], returns: list[list[float]],
+              batches: TurnBatches) -> dict[str, float]:
         """One AdamW step on verl's clipped value loss over one mini-batch; a non-finite step is dropped."""
-        values, response_mask = _values(self.model, group, turns)
+        values, response_mask = _values(self.model, turns, batches)
         width = values.shape[1]
         loss, clip_frac = algorithms.value_loss(values, pad_rows(old, width, self.device),
                                                 pad_rows(returns, width, self.device), response_mask,
@@ -222,13 +225,11 @@ class Critic:
         state = load_tensors(directory / SCHEDULER_FILE)
         with reading(directory / SCHEDULER_FILE):
             self.scheduler.load_state_dict(state)
-        _apply_optim_config(self.optimizer, self.scheduler, self.config)
+        optim_lib.apply_config(self.optimizer, self.scheduler, self.config.optim)
 
     def load_weights(self, directory: Path) -> None:
         """The value model alone (backbone and head), in place: what ``init_from`` carries into a new run,
         whose critic keeps a fresh optimiser and schedule as the policy does."""
-        from unimas.groups.torch.checkpoint import copy_weights
-
         copy_weights(self.model.backbone, directory / BACKBONE_DIR, clean_names=False,
                      dtype=self.spec.options.torch_dtype)
         head = load_safetensors(directory / HEAD_FILE, device=str(self.device))
@@ -241,65 +242,14 @@ class Critic:
         return (directory / HEAD_FILE).exists() and (directory / BACKBONE_DIR).is_dir()
 
 
-def _apply_optim_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
-                        config: CriticConfig) -> None:
-    """Rate, betas and weight decay from the config in force, as the policy's optimiser gets them on resume."""
-    optim = config.optim
-    scheduler.base_lrs = [optim.lr] * len(optimizer.param_groups)
-    for params, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
-        params.update(initial_lr=optim.lr, lr=optim.lr * factor(scheduler.last_epoch), betas=tuple(optim.betas),
-                      weight_decay=optim.weight_decay)
-    scheduler._last_lr = [params["lr"] for params in optimizer.param_groups]
-
-
-def _values(model: ValueModel, group: "TorchModelGroup", turns: Sequence[TrainTurn]
+def _values(model: ValueModel, turns: Sequence[TrainTurn], batches: TurnBatches
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, response mask) of the turns: their distinct prompts forwarded once when sharing pays (as the
     policy's log-probs are), else one full row per turn."""
-    batch = turn_batch(group, turns)
+    batch = batches(turns)
     if isinstance(batch, SplitBatch):
         try:
             return model(batch), batch.response_mask
         except UnsharableCache:  # a backbone whose cache rows cannot be copied
-            batch = full_rows(group, turns)
+            batch = batches.full_rows(turns)
     return model(batch), batch.response_mask
-
-
-def with_context(group: "TorchModelGroup", turns: Sequence[TrainTurn]) -> list[TrainTurn]:
-    """The turns as the centralized critic reads them: each ``context`` in the group's tokens before the prompt
-    ids, its oldest tokens cut so that the whole turn fits the model."""
-    texts = [t.context for t in turns]
-    encoded = group.tokenizer(texts, add_special_tokens=False)["input_ids"] if any(texts) else [[] for _ in turns]
-    read = []
-    for turn, text, ids in zip(turns, texts, encoded):
-        try:
-            check_known(group.tokenizer, text, ids)
-        except ValueError as exc:
-            raise UserError(f"{exc}; the centralized critic reads role names and earlier turns as text "
-                            f"(docs/critic.md): add them to models.{group.name}.options.tiny.alphabet and to the "
-                            "roles' groups' alphabets", where="algorithm.central_critic") from None
-        room = len(ids) if group.max_positions is None else group.max_positions - len(turn.prompt_ids) - len(
-            turn.response_ids)
-        kept = ids[len(ids) - min(max(room, 0), len(ids)):]
-        read.append(dataclasses.replace(turn, prompt_ids=kept + turn.prompt_ids))
-    return read
-
-
-def _value_statistics(old: list[list[float]], returns: list[list[float]]) -> dict[str, float]:
-    """Mean value and return, and the explained variance 1 - Var[return - value] / Var[return] of the values
-    before this update (0 when the returns do not vary), over every response token."""
-    values = torch.tensor([v for row in old for v in row], dtype=torch.float64)
-    targets = torch.tensor([r for row in returns for r in row], dtype=torch.float64)
-    spread = float(targets.var(unbiased=False))
-    explained = 1.0 - float((targets - values).var(unbiased=False)) / spread if spread > 1e-12 else 0.0
-    return {"critic/value_mean": float(values.mean()), "critic/return_mean": float(targets.mean()),
-            "critic/explained_variance": explained if math.isfinite(explained) else 0.0}
-
-
-def _advantage_spread(turns: Sequence[TrainTurn], advantages: list[list[float]]) -> dict[str, float]:
-    """``critic/advantage_std/<role>``: the std of the role's per-token advantages."""
-    by_role: dict[str, list[float]] = defaultdict(list)
-    for turn, row in zip(turns, advantages):
-        by_role[turn.role].extend(row)
-    return {f"critic/advantage_std/{role}": float(torch.tensor(values).std(unbiased=False))
-            for role, values in sorted(by_role.items())}

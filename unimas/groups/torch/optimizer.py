@@ -68,3 +68,14 @@ def advance(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
     return float(optimizer.param_groups[0]["lr"])
+
+
+def apply_config(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LambdaLR,
+                 optim: OptimConfig) -> None:
+    """Set rate, betas and weight decay from the config in force (a loaded state dict carries the saved ones),
+    the rate at the schedule's current position: the same value an uninterrupted run has when unchanged."""
+    scheduler.base_lrs = [optim.lr] * len(optimizer.param_groups)
+    for params, factor in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        params.update(initial_lr=optim.lr, lr=optim.lr * factor(scheduler.last_epoch),
+                      betas=tuple(optim.betas), weight_decay=optim.weight_decay)
+    scheduler._last_lr = [params["lr"] for params in optimizer.param_groups]

@@ -1,10 +1,11 @@
 """The child side of a rollout replica (:mod:`unimas.groups.torch.rollout_replica`).
 
 Started by the parent as ``python -m unimas.groups.torch.replica_main REQUEST_FD REPLY_FD PARENT_PID``.
-The first request line is the group's spec; the child builds its own copy of
-the group from it (same sources, tokenizer, adapters and sampling seed),
-points the copy's parameters at the shared weight file, answers ``ready``
-and then serves one request at a time until its request pipe closes.
+The first request line is the group's spec; the child builds its own policy
+from it (same sources, tokenizer and adapters) and an in-place sampler with
+the group's sampling seed, points the policy's parameters at the shared
+weight file, answers ``ready`` and then serves one request at a time until
+its request pipe closes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import traceback
 from typing import Any, Callable
 
@@ -21,8 +23,10 @@ import torch
 from unimas.config.schema import AlgorithmConfig, GenerationConfig, ModelGroupConfig
 from unimas.groups.base import GroupSpec
 from unimas.groups.torch import sampling
-from unimas.groups.torch.group import TorchModelGroup
+from unimas.groups.torch import source as source_of
 from unimas.groups.torch.options import TorchOptions
+from unimas.groups.torch.policy import TorchPolicy, device_for
+from unimas.groups.torch.sampler import InPlaceSampler
 from unimas.groups.torch.rollout_replica import (WeightLayout, decode_state, digests, encode_state, map_file, views,
                                                   watch_parent)
 
@@ -41,31 +45,35 @@ class RecordedStream:
 
 
 class Replica:
-    """The sampling copy of one group, its parameters read from the shared weight file."""
+    """The sampling copy of one group's policy, its parameters read from the shared weight file."""
 
     def __init__(self, init: dict[str, Any]):
         options = TorchOptions.model_validate(init["options"])
         spec = GroupSpec(name=init["name"], config=ModelGroupConfig.model_validate(init["config"]), options=options,
                          adapters=list(init["adapters"]), seed=int(init["seed"]),
                          algorithm=AlgorithmConfig.model_validate(init["algorithm"]))
-        self.group = TorchModelGroup.build(spec)
+        model, tokenizer, _ = source_of.load_model(options, spec.name, spec.seed)  # weights come from the file
+        self.policy = TorchPolicy(spec, model, tokenizer, device_for(spec))
+        self.generator = torch.Generator(device=self.policy.device)
+        self.generator.manual_seed(spec.seed)
+        self.sampler = InPlaceSampler(spec, self.policy, self.generator, threading.RLock())
         layout = WeightLayout.from_json(init["layout"])
-        problem = layout.mismatch(self.group.model)
+        problem = layout.mismatch(self.policy.model)
         if problem:
             raise RuntimeError(f"the replica's model does not match the trainer's: {problem}")
         self.mapping, data, self.version = map_file(init["weights"], layout.size)
         os.unlink(init["weights"])  # both sides have it mapped: nothing is left behind if either dies
         self.shared = views(data, layout)
-        self.params = list(self.group.model.parameters())
+        self.params = list(self.policy.model.parameters())
         self.loaded = -1
-        if self.group.device.type == "cpu":  # sample straight from the shared pages: no copy per update
+        if self.policy.device.type == "cpu":  # sample straight from the shared pages: no copy per update
             for param, view in zip(self.params, self.shared):
                 param.data = view
 
     def current_version(self) -> int:
         """The version in the file; on a device, the file's weights are copied over when it changed."""
         version = int(self.version.item())
-        if self.group.device.type != "cpu" and version != self.loaded:
+        if self.policy.device.type != "cpu" and version != self.loaded:
             with torch.no_grad():
                 for param, view in zip(self.params, self.shared):
                     param.copy_(view)
@@ -73,33 +81,29 @@ class Replica:
         return version
 
     def sample(self, request: dict[str, Any]) -> dict[str, Any]:
-        group = self.group
         gen = GenerationConfig.model_validate(request["generation"])
-        prompts = request["prompts"]
         version = self.current_version()
-        stops = sampling.StopStrings(group.tokenizer, request["stops"])
+        stops = sampling.StopStrings(self.policy.tokenizer, request["stops"])
         streams = {int(row): RecordedStream() for row in request["streamed"]}
-        with torch.inference_mode(), group.route(group.model, request["adapter"]):
-            tokens, logprobs = sampling.sample_tokens(
-                group.model, prompts, gen, bool(request["greedy"]), eos_ids=group.eos_ids, pad_id=group.pad_id,
-                logit_bias=group.logit_bias, generator=group.generator, stops=stops, listeners=streams)
-        return {"tokens": tokens, "logprobs": logprobs, "version": version,
+        rows = self.sampler.sample(request["prompts"], gen, bool(request["greedy"]), request["adapter"], stops,
+                                   streams)
+        return {"tokens": rows.tokens, "logprobs": rows.logprobs, "version": version,
                 "streamed": {str(row): stream.ids for row, stream in streams.items()}}
 
     def digests(self, _: dict[str, Any]) -> dict[str, Any]:
         """The weights it would sample with now (on a device: after taking a newer version from the file)."""
         self.current_version()
-        return {"digests": digests(self.group.model)}
+        return {"digests": digests(self.policy.model)}
 
     def set_generator(self, request: dict[str, Any]) -> dict[str, Any]:
-        self.group.generator.set_state(decode_state(request["state"]))
+        self.generator.set_state(decode_state(request["state"]))
         return {}
 
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         return {
             "sample": self.sample,
             "digests": self.digests,
-            "get_generator": lambda _: {"state": encode_state(self.group.generator.get_state())},
+            "get_generator": lambda _: {"state": encode_state(self.generator.get_state())},
             "set_generator": self.set_generator,
         }
 

@@ -53,7 +53,7 @@ import torch
 
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GroupSpec
-from unimas.groups.torch.checkpoint import RngState
+from unimas.groups.torch.state import RngState
 from unimas.safe_load import load_tensors, reading
 
 HEADER_BYTES = 64

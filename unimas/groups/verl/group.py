@@ -4,7 +4,7 @@ One :class:`VerlModelGroup` hosts, in this process (``options.workers:
 in_process``) or on a Ray worker group of ``options.world_size`` ranks
 (``workers: ray``, see :mod:`.workers`):
 
-* the **actor**: verl's engine (FSDP2; gloo on CPU through :mod:`.platform`,
+* the **actor**: verl's engine (FSDP2; gloo on CPU through :mod:`.patches`,
   NCCL on GPU) that computes log-probs and runs the PPO/GRPO mini-batch loop.
   Its loss is :func:`unimas.algorithms.functions.compose_loss`, the composition every
   backend shares, fed with unimas's advantages (the credit
@@ -51,20 +51,18 @@ import torch
 
 from unimas.config.schema import GenerationConfig
 from unimas.errors import UserError
-from unimas.groups.base import Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
+from unimas.groups.base import UPDATE_METRICS, Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
+from unimas.groups.lora import check_target_modules
 from unimas.groups.torch import sampling
 from unimas.groups.torch import source as source_of
-from unimas.groups.torch.group import _check_target_modules as check_target_modules
 from unimas.groups.verl import batch as rows_of
-from unimas.groups.verl import checkpoint, critic, lora, platform, prompts
+from unimas.groups.verl import checkpoint, critic, lora, patches, prompts
 from unimas.groups.verl.options import VerlOptions, translate
 from unimas.groups.verl.plan import group_problems
 from unimas.groups.verl.workers import InProcessTrainer
 
 SYNC_PROBE_TURNS, SYNC_PROBE_TOKENS = 4, 4
 """How much a rollout that cannot score given tokens samples to check a sync (prompts, tokens each)."""
-UPDATE_METRICS = ("policy_loss", "entropy", "kl", "clip_frac", "ppo_kl", "grad_norm", "nonfinite_skipped",
-                  "rollout_logprob_diff", "lr", "tokens", "update_time_s", "stale_turns", "importance_weight")
 
 
 class VerlModelGroup(ModelGroup):
@@ -111,7 +109,8 @@ class VerlModelGroup(ModelGroup):
                                              model_config=self.configs.actor.model_config)
         if self.served:
             self._closers.append(weakref.finalize(self, self.rollout.close))
-        self.critic = critic.VerlCritic(spec) if self.configs.critic is not None else None
+        self.critic = (critic.VerlCritic(spec, self.trainer, self.pad_id) if self.configs.critic is not None
+                       else None)
         self.weight_version = 0
         self.last_sync_diff: Optional[float] = None
         """Largest |rollout - trainer| log-prob measured after the latest sync (None before any check)."""
@@ -140,10 +139,10 @@ class VerlModelGroup(ModelGroup):
         """Load or build the weights, write them as the HF dir verl reads, and start engine and rollout."""
         options = spec.options if isinstance(spec.options, VerlOptions) else VerlOptions.model_validate(spec.options)
         spec.options = options
-        problems = group_problems(spec.name, spec.config, options, spec.adapters, gpu_present=platform.on_gpu())
+        problems = group_problems(spec.name, spec.config, options, spec.adapters, gpu_present=patches.on_gpu())
         if problems:
             raise UserError("; ".join(problem for _, problem in problems), where=problems[0][0])
-        platform.prepare()
+        patches.prepare()
         source = options.source(spec.name)
         if source is None:
             raise UserError(f"{options.init_from} holds verl group checkpoints, none of them named '{spec.name}'",
@@ -293,7 +292,7 @@ class VerlModelGroup(ModelGroup):
             critic_metrics: dict[str, float] = {}
             if self.critic is not None:  # values, GAE over each role's turns, critic epochs (docs/critic.md)
                 warming_up = self.critic.warming_up
-                turns, critic_metrics = self.critic.prepare(self, turns) if turns else ([], self.critic.idle(self))
+                turns, critic_metrics = self.critic.prepare(turns) if turns else ([], self.critic.idle())
                 turns = [] if warming_up else turns
             if turns:
                 metrics = self._update(turns)
@@ -308,7 +307,7 @@ class VerlModelGroup(ModelGroup):
         if self.critic is None:
             raise RuntimeError(f"model group '{self.name}' has no critic (models.{self.name}.critic)")
         with self._train_lock:
-            return self.critic.critique(self, turns)
+            return self.critic.critique(turns, self.tokenizer, self.max_positions)
 
     def _lr(self) -> float:
         return self.trainer.learning_rate()

@@ -8,17 +8,13 @@ left when the role allows it and refused otherwise.
 
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 from transformers import PreTrainedTokenizerBase
 
-from unimas.errors import UserError
 from unimas.groups.base import GenRequest
+from unimas.groups.prompts import check_prompt_text, cut_left, prompt_limit
 from unimas.groups.torch import chat
-from unimas.groups.torch.chars import check_known
-
-log = logging.getLogger(__name__)
 
 
 def render(tokenizer: PreTrainedTokenizerBase, request: GenRequest, group: str, max_positions: Optional[int],
@@ -38,23 +34,12 @@ def render(tokenizer: PreTrainedTokenizerBase, request: GenRequest, group: str, 
             prompt = renderer(tokenizer, request.messages or [], request.continuation)
     except Exception as exc:  # noqa: BLE001 - this request's messages are at fault, not the group
         return chat.failed_prompt(group, exc)
-    try:
-        check_known(tokenizer, prompt.text or request.prompt, prompt.ids)
-    except ValueError as exc:
-        raise UserError(f"{exc}; add them to models.{group}.options.tiny.alphabet (a tiny model) or change the "
-                        "role's system, template or task data", where=f"model group '{group}'") from None
+    check_prompt_text(tokenizer, prompt.text or request.prompt, prompt.ids, group)
     if not prompt.ids:
         prompt.ids = [fallback_id]
-    reserve = request.generation.max_new_tokens
-    if max_positions is None:
-        return prompt
-    limit = max_positions - reserve
-    if limit < 1:
-        raise UserError(f"{reserve} new tokens do not fit ({max_positions} positions); lower the role's "
-                        "generation.max_new_tokens", where=f"model group '{group}'")
-    if len(prompt.ids) > limit:
+    limit = prompt_limit(max_positions, request.generation.max_new_tokens, group)
+    if limit is not None and len(prompt.ids) > limit:
         prompt.truncated = True
         if request.allow_truncation:
-            log.warning("model group '%s': prompt of %d tokens cut to its last %d", group, len(prompt.ids), limit)
-            prompt.ids = prompt.ids[-limit:]
+            prompt.ids = cut_left(prompt.ids, limit, group)
     return prompt

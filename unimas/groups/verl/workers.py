@@ -6,7 +6,7 @@ does not know which one it drives:
 
 * :class:`InProcessTrainer` (``options.workers: in_process``) builds verl's
   ``TrainingWorker`` for the actor and, with a KL term, a forward-only one
-  for the reference, on the process's one-rank group (:mod:`.platform`).
+  for the reference, on the process's one-rank group (:mod:`.patches`).
 * :class:`RayTrainer` (``options.workers: ray``) hosts the group as verl's
   own trainer hosts its actor: a ``RayWorkerGroup`` of
   ``ActorRolloutRefWorker`` ranks (role ``actor_rollout`` or
@@ -37,7 +37,7 @@ import torch
 from unimas.errors import UserError
 from unimas.groups.base import GroupSpec
 from unimas.groups.verl import batch as rows_of
-from unimas.groups.verl import checkpoint, lora, platform
+from unimas.groups.verl import checkpoint, lora, patches
 from unimas.groups.verl.loss import unimas_loss, unimas_value_loss
 from unimas.groups.verl.options import SERVER_ROLLOUT
 
@@ -71,7 +71,7 @@ class InProcessTrainer:
         from verl.workers.engine_workers import TrainingWorker
 
         self.actor = self.reference = self.critic = None
-        with platform.rendezvous_environment():
+        with patches.rendezvous_environment():
             if spec.config.trainable:
                 with lora.seeded_init(configs.actor.model_config, spec.seed):
                     self.actor = TrainingWorker(configs.actor)
@@ -208,13 +208,13 @@ def _resource_pool(gpus: float, ranks: int, prefix: str) -> tuple[Any, bool]:
     """
     from verl.single_controller.ray import RayResourcePool
 
-    if 0 < gpus < 1 and platform.on_gpu():
+    if 0 < gpus < 1 and patches.on_gpu():
         sharers = round(1 / gpus)
         if sharers not in _shared_gpus:
             _shared_gpus[sharers] = RayResourcePool(process_on_nodes=[1], use_gpu=True, max_colocate_count=sharers,
                                                     name_prefix=f"unimas_gpu_share_{sharers}_")
         return _shared_gpus[sharers], True
-    return RayResourcePool(process_on_nodes=[ranks], use_gpu=platform.on_gpu(), max_colocate_count=1,
+    return RayResourcePool(process_on_nodes=[ranks], use_gpu=patches.on_gpu(), max_colocate_count=1,
                            name_prefix=prefix), False
 
 
@@ -231,7 +231,7 @@ class RayTrainer:
         self.has_reference = role == "actor_rollout_ref"
         ensure_ray()
         prefix = f"unimas_{spec.name}_"
-        device = "cuda" if platform.on_gpu() else "cpu"
+        device = "cuda" if patches.on_gpu() else "cpu"
         pool, self.shares_pool = _resource_pool(spec.config.resources.gpus, self.ranks, prefix)
         critic = {} if critic_config is None else {"critic": critic_config, "critic_loss": value_loss_fn(spec)}
         worker = RayClassWithInitArgs(cls=ray.remote(_worker_class()), config=root.actor_rollout_ref, role=role,

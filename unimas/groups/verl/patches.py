@@ -1,15 +1,29 @@
-"""Make verl 0.9.1's FSDP2 engine run where there is no GPU, and give it a process group.
+"""Everything unimas installs into verl 0.9.1, in the order :func:`prepare` installs it, and why.
 
-verl resolves its device through ``verl.plugin.platform``; with no CUDA it
-falls back to the NVIDIA platform and fails in ``init_device_mesh("cuda")``.
-:func:`install_cpu_platform` registers a CPU platform (device ``cpu``,
-communication ``gloo``) and the FSDP engines for device ``cpu``, without
-editing verl. It must run before ``verl.workers.engine`` is imported, because
-that module captures the device name at import time; :func:`prepare` does both
-steps in order and is what the rest of the package calls.
+verl is used as it is published, never edited; where it does not do what a
+unimas group needs, this module replaces one of its names at run time. Each
+patch is idempotent and happens once per process (the group's own, and every
+Ray rank through :mod:`.worker_setup`):
 
-FSDP1 (``strategy: fsdp``) cannot run on CPU even with this shim (it hard-codes
-a device id); options validation refuses it there.
+1. :func:`install_cpu_platform` — verl resolves its device through
+   ``verl.plugin.platform``; with no CUDA it falls back to the NVIDIA platform
+   and fails in ``init_device_mesh("cuda")``. This registers a CPU platform
+   (device ``cpu``, communication ``gloo``) and the FSDP engines for device
+   ``cpu``. It must run before ``verl.workers.engine`` is imported, because
+   that module captures the device name at import time. (FSDP1,
+   ``strategy: fsdp``, cannot run on CPU even so: it hard-codes a device id;
+   options validation refuses it there.)
+2. :func:`skip_value_head_patch` — verl patches trl's value-head model when
+   trl is importable, and fails on trl >= 1; unimas's critics are not trl's.
+3. :func:`install_value_model_loader` — verl's value engine loads critics
+   through :func:`_load_value_model`: the group's attention implementation,
+   safetensors only, no code from the model dir, the head at zero.
+4. :func:`ensure_process_group` — a world-size-1 process group for
+   in-process engines (the group's process only; Ray ranks get theirs from verl).
+
+The rollout classes unimas registers in verl's rollout registry are the
+rollout modules' own (:func:`unimas.groups.verl.servers.register`), installed
+beside these by the group and by :mod:`.worker_setup`.
 """
 
 from __future__ import annotations
@@ -192,19 +206,61 @@ def rendezvous_environment():
 def skip_value_head_patch() -> None:
     """verl patches trl's value-head model when trl is importable, and fails on trl >= 1 (the class moved).
 
-    unimas's critics are token-classification models (:mod:`.critic`), not trl's, so verl is told trl is
-    absent (only that patch looks).
+    unimas's critics are token-classification models (:func:`_load_value_model`), not trl's, so verl is told
+    trl is absent (only that patch looks).
     """
     from verl.models.transformers import monkey_patch
 
     monkey_patch.is_trl_available = lambda: False
 
 
-def prepare() -> None:
-    """Everything a verl engine in this process needs, in the order verl needs it."""
-    from unimas.groups.verl.critic import install_value_model_loader
+_value_loader_installed = False
 
+
+def _load_value_model(local_path: str, torch_dtype: torch.dtype, model_config: Any, trust_remote_code: bool):
+    """What verl's value engine builds its module with: a one-label token-classification model, zero head.
+
+    verl's own loader asks for flash-attention (absent on CPU) and falls back
+    to trl's value-head class; this one keeps the attention the group's config
+    names, reads safetensors only and never runs code from the model dir (whatever verl passes as
+    ``trust_remote_code``). The head's random init is drawn from a
+    forked generator and then zeroed, so the process's RNG streams are untouched.
+    """
+    from transformers import AutoModelForTokenClassification
+
+    with torch.random.fork_rng(devices=[]):
+        model = AutoModelForTokenClassification.from_pretrained(
+            local_path, dtype=torch_dtype, config=model_config, trust_remote_code=False,  # never a dir's own code
+            attn_implementation=getattr(model_config, "_attn_implementation", None) or "sdpa",
+            local_files_only=True, use_safetensors=True)
+    heads = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == 1]
+    if not heads:
+        raise ValueError(f"{type(model).__name__} has no one-output head to value tokens with")
+    with torch.no_grad():
+        for parameter in heads[-1].parameters():
+            parameter.zero_()
+    return model
+
+
+def install_value_model_loader() -> None:
+    """Route verl's value-model loading through :func:`_load_value_model` (once per process, every rank)."""
+    global _value_loader_installed
+    if _value_loader_installed:
+        return
+    import verl.utils.model
+
+    verl.utils.model.load_valuehead_model = _load_value_model  # looked up by name each time an engine builds
+    _value_loader_installed = True
+
+
+def install() -> None:
+    """Patches 1-3 (module docstring), in order: what every process that builds a verl engine needs."""
     install_cpu_platform()
     skip_value_head_patch()
     install_value_model_loader()
+
+
+def prepare() -> None:
+    """Everything a verl engine in the group's own process needs, in the order verl needs it (1-4)."""
+    install()
     ensure_process_group()
