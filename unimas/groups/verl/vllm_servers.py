@@ -32,6 +32,7 @@ from typing import Any, Iterable, Optional
 
 import ray
 import torch
+from safetensors.torch import save_file
 
 from unimas.groups.verl import names, vllm_cpu
 
@@ -53,9 +54,13 @@ def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _scratch() -> Optional[str]:
-    """Where weight files go: RAM-backed ``/dev/shm`` where writable (trainer and server share the node)."""
-    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+def _scratch(size: int) -> Optional[str]:
+    """Where a weight file of ``size`` bytes goes (trainer and server share the node): RAM-backed ``/dev/shm``
+    where writable with room to spare (containers often give it 64 MiB), else the default temp dir."""
+    shm = "/dev/shm"
+    if os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 2 * size:
+        return shm
+    return None
 
 
 class GroupvLLMHttpServer(vLLMHttpServer):
@@ -152,11 +157,10 @@ class GroupServerAdapter(ServerAdapter):
         state = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in weights}
         if not self._ensure_server_handle():
             return
-        directory = tempfile.mkdtemp(prefix=f"unimas-{_group(self.config)}-weights-", dir=_scratch())
+        size = sum(tensor.nbytes for tensor in state.values())
+        directory = tempfile.mkdtemp(prefix=f"unimas-{_group(self.config)}-weights-", dir=_scratch(size))
         try:
             path = os.path.join(directory, WEIGHT_FILE)
-            from safetensors.torch import save_file
-
             save_file(state, path)
             del state
             await self.server_handle.collective_rpc.remote("load_weights_file", kwargs={"path": path})
