@@ -26,6 +26,10 @@ COLLAPSE_MARGIN = 0.15
 """A run collapsed when its last two evaluations are both more than this (absolute accuracy) below its peak."""
 DEFAULT_RESULTS = REPO / "benchmarks" / "results" / "workflow_matrix"
 ORDER = {"mapping": ("shared", "separate", "lora"), "credit": ("team", "per_role", "ppo_cc")}
+WORKFLOW_ORDER = ("evaluator_optimizer", "voting", "orchestrator_workers", "plan_path")
+LONG_RESULTS = REPO / "benchmarks" / "results" / "workflow_matrix_long"
+"""The longer-horizon slice: ``workflow_matrix.py --budget-scale 4 --credits team --mappings shared separate
+--out benchmarks/results/workflow_matrix_long`` (4x the tokens, for the cliff and peak claims)."""
 
 
 def load_runs(folder: Path) -> list[dict]:
@@ -74,7 +78,8 @@ def cells(runs: list[dict]) -> dict[tuple[str, str, str], list[dict]]:
 
     def key(cell: tuple[str, str, str]) -> tuple:
         workflow, mapping, credit = cell
-        return (workflow, ORDER["mapping"].index(mapping), ORDER["credit"].index(credit))
+        rank = WORKFLOW_ORDER.index(workflow) if workflow in WORKFLOW_ORDER else len(WORKFLOW_ORDER)
+        return (rank, workflow, ORDER["mapping"].index(mapping), ORDER["credit"].index(credit))
 
     return {cell: sorted(grouped[cell], key=lambda r: r["seed"]) for cell in sorted(grouped, key=key)}
 
@@ -212,19 +217,20 @@ def claims(runs: list[dict]) -> list[tuple[str, str, str]]:
         cliff = "holds" if n_sep >= n_shared + 3 else "does not hold" if n_sep <= n_shared else "undecided"
     rows.append(("Isolated policies fall off a terminal accuracy cliff more often", cliff,
                  f"collapses (last two evaluations > {COLLAPSE_MARGIN} below the run's peak): separate "
-                 f"{n_sep}/{len(separate)}, shared {n_shared}/{len(shared)}; decided only at a difference of 3 "
-                 "or more runs"))
+                 f"{n_sep}/{len(separate)}, shared {n_shared}/{len(shared)}; holds at 3 or more collapses more "
+                 "among isolated runs, does not hold when they collapse no more often than shared ones"))
     diffs = over_cells(grouped, "mapping", "separate", "shared", capture_gap)
     rows.append(("A shared policy is captured by the dominant role (the role with the most sampled tokens gains, "
                  "the others lose)", verdict(diffs),
                  "(dominant role's score change − other roles' change), shared − separate, paired: "
                  f"{describe(diffs)}"))
-    for workflows, label in ((("plan_path",), "Plan-Path"),
-                             (tuple(w for w in WORKFLOW_ORDER if w != "plan_path"), "the arithmetic workflows")):
-        diffs = over_cells(grouped, "credit", "team", "per_role", final, workflows)
-        peaks = over_cells(grouped, "credit", "team", "per_role", best, workflows)
-        rows.append((f"Per-role (AT-GRPO-style) credit beats a team reward on {label}", verdict(diffs),
-                     f"final accuracy, per_role − team, paired by workflow, mapping and seed: {describe(diffs)}; "
+    for workflow in WORKFLOW_ORDER:
+        diffs = over_cells(grouped, "credit", "team", "per_role", final, (workflow,))
+        if not diffs:
+            continue
+        peaks = over_cells(grouped, "credit", "team", "per_role", best, (workflow,))
+        rows.append((f"Per-role (AT-GRPO-style) credit beats a team reward: `{workflow}`", verdict(diffs),
+                     f"final accuracy, per_role − team, paired by mapping and seed: {describe(diffs)}; "
                      f"peak: {describe(peaks)}"))
     return rows
 
@@ -265,7 +271,6 @@ def beyond_noise(runs: list[dict], limit: int = 10) -> tuple[list[list[str]], in
     return [row for _, row in found[:limit]], compared
 
 
-WORKFLOW_ORDER = ("evaluator_optimizer", "voting", "orchestrator_workers", "plan_path")
 COLOUR = {"team": "tab:blue", "per_role": "tab:orange", "ppo_cc": "tab:green"}
 
 
@@ -304,7 +309,7 @@ def plot(runs: list[dict], workflow: str, path: Path) -> None:
 START, END = "<!-- matrix:start -->", "<!-- matrix:end -->"
 
 
-def section(runs: list[dict], images: dict[str, str]) -> str:
+def section(runs: list[dict], images: dict[str, str], long_runs: list[dict] = ()) -> str:
     """The generated markdown between the markers of docs/results.md."""
     seeds = sorted({r["seed"] for r in runs})
     grouped = cells(runs)
@@ -363,10 +368,22 @@ def section(runs: list[dict], images: dict[str, str]) -> str:
               ""]
     lines.append(markdown_table(["workflow", "held fixed", "change", "paired differences (final acc, by seed)",
                                  "mean", "std"], noise) if noise else "None at this budget.")
+    if long_runs:
+        scale = statistics.fmean(r["tokens"] for r in long_runs) / statistics.fmean(
+            r["tokens"] for r in runs if (r["workflow"], r["mapping"], r["credit"]) in
+            {(x["workflow"], x["mapping"], x["credit"]) for x in long_runs})
+        lines += ["", "### Longer runs: shared vs separate, team reward, about 4× the tokens", "",
+                  f"The same cells at about {scale:.1f}× the sampled tokens (about 64 updates), to give the peak and",
+                  "cliff claims a longer horizon (`python benchmarks/workflow_matrix.py --budget-scale 4 --credits "
+                  "team", "--mappings shared separate --out benchmarks/results/workflow_matrix_long`).", "",
+                  table(long_runs), ""]
+        lines.append(markdown_table(["claim", "at this scale", "evidence"],
+                                    [list(row) for row in claims(long_runs)[:3]]))
     return "\n".join(lines) + "\n"
 
 
-def write_docs(runs: list[dict], results_md: Path, images_dir: Path, notes: str = "") -> None:
+def write_docs(runs: list[dict], results_md: Path, images_dir: Path, notes: str = "",
+               long_runs: list[dict] = ()) -> None:
     """Rewrite only the text between the matrix markers (creating the file with just them if it is missing)."""
     images_dir.mkdir(parents=True, exist_ok=True)
     images = {}
@@ -375,7 +392,7 @@ def write_docs(runs: list[dict], results_md: Path, images_dir: Path, notes: str 
             path = images_dir / f"matrix_{workflow}.png"
             plot(runs, workflow, path)
             images[workflow] = f"images/{path.name}"
-    body = section(runs, images) + notes
+    body = section(runs, images, long_runs) + notes
     text = results_md.read_text() if results_md.exists() else f"# Results\n\n{START}\n{END}\n"
     if START not in text or END not in text or text.index(START) > text.index(END):
         raise SystemExit(f"{results_md}: the markers {START} ... {END} are missing or out of order")
@@ -398,7 +415,8 @@ def main() -> None:
     print(table(runs))
     if args.docs:
         notes = args.notes.read_text() if args.notes.exists() else ""
-        write_docs(runs, REPO / "docs" / "results.md", REPO / "docs" / "images", notes)
+        long_runs = complete_seeds(load_runs(LONG_RESULTS))[0] if LONG_RESULTS.exists() else []
+        write_docs(runs, REPO / "docs" / "results.md", REPO / "docs" / "images", notes, long_runs)
         print("wrote docs/results.md (matrix section) and docs/images/matrix_*.png")
 
 

@@ -108,7 +108,7 @@ def test_report_writes_only_between_the_markers(tmp_path):
     assert (tmp_path / "images" / "matrix_plan_path.png").stat().st_size > 1000
     # per_role beats team in every seed by 0.30-0.32: beyond noise, and the AT-GRPO claim holds on Plan-Path
     assert "credit: team → per_role" in text
-    claim = next(row for row in workflow_report.claims(runs) if "Plan-Path" in row[0])
+    claim = next(row for row in workflow_report.claims(runs) if "`plan_path`" in row[0])
     assert claim[1] == "holds"
 
 
