@@ -110,6 +110,15 @@ def test_report_writes_only_between_the_markers(tmp_path):
     assert "credit: team → per_role" in text
     claim = next(row for row in workflow_report.claims(runs) if "`plan_path`" in row[0])
     assert claim[1] == "holds"
+    longer = [dict(run, tokens=300, steps=24) for run in runs if run["credit"] == "team"]
+    workflow_report.write_docs(runs, results, tmp_path / "images", long_runs=longer)
+    assert "### Longer runs: shared vs separate, team reward, 3.0× the tokens" in results.read_text()
+
+
+def test_report_compares_only_seeds_every_cell_has():
+    runs = [_run(s, [0.2, 0.3]) for s in range(3)] + [_run(s, [0.2, 0.3], credit="per_role") for s in range(2)]
+    kept, pending = workflow_report.complete_seeds(runs)
+    assert sorted({r["seed"] for r in kept}) == [0, 1] and [r["seed"] for r in pending] == [2]
 
 
 def test_smoke(tmp_path):
