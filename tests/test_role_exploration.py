@@ -10,55 +10,89 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.test_torch_backend import PROMPTS, gen, make_group, turns_from
 from unimas.algorithms import functions as algorithms
 from unimas.algorithms.functions import RoleObjective
 from unimas.cli import main
-from unimas.config.schema import AlgorithmConfig, EntropyWarningConfig, LoraConfig, RoleConfig
-from unimas.groups.base import GenRequest
+from unimas.config.schema import (AlgorithmConfig, EntropyWarningConfig, GenerationConfig, LoraConfig,
+                                  ModelGroupConfig, OptimConfig, RoleConfig)
+from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
+from unimas.report.charts import role_charts
+from unimas.report.data import load_run
+from unimas.report.plots import role_plot
 from unimas.training.exploration import CollapseWatch, distinct_answers
 
 
-def _role_turns(group, roles: list[str], adapters=None):
-    results = group.generate([GenRequest(p, gen(4)) for p in PROMPTS[: len(roles)]])
-    turns = turns_from(results, advantage=1.0)
-    for i, (turn, role) in enumerate(zip(turns, roles)):
-        turn.role = role
-        turn.advantage = 1.0 if i % 2 == 0 else -0.5
-        turn.adapter = adapters[i] if adapters else None
-    return turns
+def _lora_group(objectives: dict[str, RoleObjective]):
+    """A tiny torch group with adapters x and y (one per role), no gradient clipping, these roles' terms."""
+    from unimas.algorithms.functions import resolve_policy_loss
+    from unimas.contract.registry import build_registry
+    from unimas.groups.torch import TorchModelGroup, TorchOptions
+
+    tiny = dict(alphabet=ALPHABET, hidden_size=32, num_layers=2, num_heads=4, max_positions=32)
+    config = ModelGroupConfig(options={"tiny": tiny}, lora=LoraConfig(r=4), optim=OptimConfig(lr=1e-2, grad_clip=1e6))
+    spec = GroupSpec(name="m", config=config, options=TorchOptions.model_validate(config.options),
+                     adapters=["x", "y"], seed=5, algorithm=AlgorithmConfig(),
+                     policy_loss=resolve_policy_loss("vanilla", build_registry()), role_objectives=objectives)
+    return TorchModelGroup.build(spec)
 
 
-def _logit_grads(group, turns, objectives: dict[str, RoleObjective], settings: AlgorithmConfig) -> torch.Tensor:
-    """d loss / d logits of every response token, (rows, tokens, vocab): a real forward and backward."""
-    captured = []
+def _role_turns(group, roles: list[str]) -> list[TrainTurn]:
+    """One sampled turn per role name, on that role's adapter, advantages of both signs."""
+    generation = GenerationConfig(max_new_tokens=4)
+    results = group.generate([GenRequest(prompt, generation, adapter=role)
+                              for prompt, role in zip(["a", "bcd", "hgf", "ee"], roles)])
+    return [TrainTurn(r.prompt_ids, r.response_ids, r.logprobs, 1.0 if i % 2 == 0 else -0.5,
+                      rollout_logprobs_exact=r.logprobs_exact, adapter=role, role=role)
+            for i, (r, role) in enumerate(zip(results, roles))]
 
-    def keep(_module, _inputs, output):
-        output.retain_grad()
-        captured.append(output)
 
-    handle = group.model.get_output_embeddings().register_forward_hook(keep)
-    try:
-        logp, entropy, mask = group.response_logprobs(group.model, turns, [t.adapter for t in turns], entropy=True)
-    finally:
-        handle.remove()
-    weight, coef = algorithms.token_coefficients(objectives, [t.role for t in turns], settings, logp)
-    loss, _ = algorithms.compose_loss(group.spec.policy_loss, settings, log_prob=logp, old_log_prob=logp.detach(),
-                                      advantages=torch.tensor([[t.advantage] for t in turns]) * mask,
-                                      response_mask=mask, entropy=entropy, token_weight=weight, entropy_coef=coef)
+ALPHABET = "abcdefgh0123"
+
+
+def _tiny_model(seed: int):
+    """A random-init tiny causal LM (the torch backend's own tiny builder) and its vocabulary size."""
+    from unimas.groups.hf.chars import build_char_tokenizer
+    from unimas.groups.hf.model_source import TinyModelConfig
+    from unimas.groups.hf.tiny import build_tiny_model
+
+    tokenizer = build_char_tokenizer(ALPHABET)
+    config = TinyModelConfig(alphabet=ALPHABET, hidden_size=32, num_layers=2, num_heads=4, max_positions=32)
+    return build_tiny_model(config, tokenizer, seed), len(tokenizer)
+
+
+ROLES = ["critic", "proposer", "critic", "proposer"]
+ADVANTAGES = [1.0, -0.5, -1.0, 0.7]
+
+
+def _logit_grads(model, vocab: int, objectives: dict[str, RoleObjective], settings: AlgorithmConfig) -> torch.Tensor:
+    """d loss / d logits of every response token, (rows, tokens, vocab): a real forward and backward of the
+    objective every backend calls, on four [prompt | response] rows of two roles."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (len(ROLES), 9), generator=generator)
+    prompt = 5
+    logits = model(input_ids=ids).logits[:, prompt - 1:-1].float()
+    logits.retain_grad()
+    logp_all = logits.log_softmax(-1)
+    logp = logp_all.gather(-1, ids[:, prompt:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    mask = torch.ones_like(logp)
+    mask[1, -1] = 0.0  # rows of different lengths
+    weight, coef = algorithms.token_coefficients(objectives, ROLES, settings, logp)
+    policy = algorithms.policy_losses(SimpleNamespace(names=lambda kind: []))["vanilla"]
+    loss, _ = algorithms.compose_loss(policy, settings, log_prob=logp, old_log_prob=logp.detach(),
+                                      advantages=torch.tensor(ADVANTAGES)[:, None] * mask, response_mask=mask,
+                                      entropy=entropy, token_weight=weight, entropy_coef=coef)
     loss.backward()
-    (logits,) = captured  # distinct prompts: one full forward
     return logits.grad.detach().clone()
 
 
 @pytest.mark.parametrize("objective", [RoleObjective(loss_weight=3.0), RoleObjective(entropy_coef=0.5),
                                        RoleObjective(entropy_coef=0.2, loss_weight=0.5)])
 def test_a_roles_setting_changes_only_its_own_tokens_gradient_on_a_shared_model(objective):
-    group = make_group(seed=3)
+    model, vocab = _tiny_model(seed=3)
     settings = AlgorithmConfig(entropy_coef=0.01)
-    turns = _role_turns(group, ["critic", "proposer", "critic", "proposer"])
-    plain = _logit_grads(group, turns, {}, settings)
-    changed = _logit_grads(group, turns, {"critic": objective}, settings)
+    plain = _logit_grads(model, vocab, {}, settings)
+    changed = _logit_grads(model, vocab, {"critic": objective}, settings)
     critic, proposer = [0, 2], [1, 3]
     assert torch.allclose(changed[proposer], plain[proposer], rtol=1e-5, atol=1e-9)
     assert not torch.allclose(changed[critic], plain[critic], rtol=1e-3, atol=1e-7)
@@ -67,13 +101,12 @@ def test_a_roles_setting_changes_only_its_own_tokens_gradient_on_a_shared_model(
 
 
 def test_default_role_settings_leave_the_loss_as_it_was():
-    group = make_group(seed=4)
-    settings = AlgorithmConfig(entropy_coef=0.03, kl_coef=0.0)
-    turns = _role_turns(group, ["a", "b", "a"])
-    assert algorithms.token_coefficients({"c": RoleObjective(loss_weight=2.0)}, ["a", "b", "a"], settings,
-                                         torch.zeros(3, 1)) == (None, None)
-    explicit = {"a": RoleObjective(entropy_coef=0.03, loss_weight=1.0)}  # the group's own values, spelled out
-    assert torch.allclose(_logit_grads(group, turns, explicit, settings), _logit_grads(group, turns, {}, settings),
+    model, vocab = _tiny_model(seed=4)
+    settings = AlgorithmConfig(entropy_coef=0.03)
+    assert algorithms.token_coefficients({"other": RoleObjective(loss_weight=2.0)}, ROLES, settings,
+                                         torch.zeros(4, 1)) == (None, None)
+    explicit = {"critic": RoleObjective(entropy_coef=0.03, loss_weight=1.0)}  # the group's own values, spelled out
+    assert torch.allclose(_logit_grads(model, vocab, explicit, settings), _logit_grads(model, vocab, {}, settings),
                           rtol=1e-5, atol=1e-9)
 
 
@@ -81,11 +114,13 @@ def test_a_roles_entropy_coef_moves_only_its_own_lora_adapter():
     """Two groups built alike, one update each: with an entropy bonus on role x alone, adapter y (role y's own
     weights) ends exactly where it ends without it; adapter x does not."""
     def updated(objectives):
-        group = make_group(seed=5, adapters=["x", "y"], lora=LoraConfig(r=4), lr=1e-2, optim={"grad_clip": 1e6})
-        group.spec.role_objectives = objectives
-        turns = _role_turns(group, ["x", "y", "x", "y"], adapters=["x", "y", "x", "y"])
-        metrics = group.update(turns)
-        return {key: p.detach().clone() for key, p in group.model.named_parameters() if "lora_" in key}, metrics
+        group = _lora_group(objectives)
+        try:
+            metrics = group.update(_role_turns(group, ["x", "y", "x", "y"]))
+            return {key: p.detach().clone() for key, p in group.policy.model.named_parameters()
+                    if "lora_" in key}, metrics
+        finally:
+            group.close()
 
     plain, _ = updated({})
     bonus, metrics = updated({"x": RoleObjective(entropy_coef=1.0)})
@@ -155,9 +190,11 @@ def test_a_role_setting_on_a_frozen_role_is_refused(repo, capsys):
     assert "roles.listener.entropy_coef" in capsys.readouterr().err
 
 
-def test_role_settings_validate(repo, capsys):
-    code = main(["validate", str(repo / "examples" / "critic_team_cpu.yaml")])
-    assert code == 0, capsys.readouterr().err
+def test_role_settings_validate_and_are_summarised(repo, capsys):
+    code = main(["validate", str(repo / "examples" / "critic_team_cpu.yaml"), "--set", "roles.solver.loss_weight=0.5"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "per role: solver loss weight 0.5; verifier entropy" in out
 
 
 # ----------------------------------------------------------------- metrics and the warning
@@ -202,3 +239,11 @@ def test_role_metrics_reach_metrics_jsonl_and_the_warning_is_printed(repo, tmp_p
             assert 1 <= record[f"role/{role}/distinct_answers"] <= 8
     warnings = [line for line in capsys.readouterr().err.splitlines() if "has stopped exploring" in line]
     assert len(warnings) == 2 and all("step 2" in w for w in warnings)  # once per role, not again at step 3
+    # the report plots both, one line per role (the interactive charts and the static role plot)
+    run_data = load_run(run)
+    charts = {chart: chart_lines for chart, _, chart_lines in role_charts(run_data)}
+    for metric in ("entropy", "distinct_answers"):
+        assert sorted(line.label for line in charts[f"role-{metric}"]) == ["listener", "speaker"]
+        assert all(len(line.steps) == 3 for line in charts[f"role-{metric}"])
+    titles = [axes.get_title() for axes in role_plot(run_data).axes]
+    assert "entropy" in titles and "distinct_answers" in titles

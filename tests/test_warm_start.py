@@ -76,3 +76,37 @@ def test_a_frozen_role_or_a_missing_file_exits_2(repo, tmp_path, capsys):
     assert main(["warmstart", config, "--data", _write(tmp_path / "empty.jsonl", [""]), "--out",
                  str(tmp_path / "o")]) == 2
     assert "no pairs" in capsys.readouterr().err
+
+
+def test_a_chat_roles_pairs_are_rendered_through_its_chat_template(repo, chat_model, tmp_path):
+    """On a chat model the fitted prompt is the role's turn as the model sees it: system message and chat markers
+    around the template, tokenising back to the very ids a turn samples after."""
+    from unimas.config.loading import config_from_dict, load_config
+    from unimas.contract.registry import build_registry
+    from unimas.controller.conversation import conversation
+    from unimas.groups.base import GenRequest
+    from unimas.runtime.build import build_group
+    from unimas.training.warm_start import read_pairs, rendered_examples, warm_start
+
+    tree = load_config(repo / "examples" / "math_team_cpu.yaml").model_dump(mode="json", by_alias=True)
+    tree["models"]["team"]["options"] = {"path": str(chat_model)}
+    tree["roles"]["solver"]["system"] = "You add."
+    config = config_from_dict(tree, "math_team_cpu.yaml")
+    data = _write(tmp_path / "pairs.jsonl", [{"role": "solver", "vars": {"question": "2 + 3"}, "answer": "5"},
+                                              {"role": "verifier", "vars": {"question": "2 + 3", "proposal": 6},
+                                               "answer": "wrong"}])
+    pairs = read_pairs(data, config)
+    group = build_group(config, build_registry(config.plugins), "team")
+    try:
+        solver, verifier = rendered_examples(group, config, pairs)
+        role = config.roles["solver"]
+        messages, _, _ = conversation("solver", role, "solve: 2 + 3", ())
+        request = GenRequest(prompt="", generation=role.generation, messages=messages)
+        sampled = group.policy.render_prompts([request], 4)[0]
+        assert group.policy.fit_prompts([solver.prompt], 4)[0] == sampled.ids  # the ids RL samples after
+        assert "You add." in solver.prompt and "solve: 2 + 3" in solver.prompt and solver.prompt != "solve: 2 + 3"
+        assert "check: 2 + 3 = 6" in verifier.prompt and solver.response == "5"
+    finally:
+        group.close()
+    result = warm_start(config, pairs, tmp_path / "out", steps=2, batch_size=2, log=lambda line: None)
+    assert (result.checkpoints["team"] / "model" / "config.json").is_file() and result.steps["team"] == 2

@@ -147,15 +147,16 @@ def rendered_examples(group: Any, config: ExperimentConfig, pairs: Sequence[Pair
     """
     from unimas.groups.torch import SupervisedExample
 
+    policy = group.policy  # the group's weights and tokenizer: its prompt rendering is the one turns go through
     examples = []
     for pair in pairs:
         spec = config.roles[pair.role]
-        reserve = len(group.tokenizer(pair.answer, add_special_tokens=False)["input_ids"]) + 1
-        prompt = group.render_prompts([_request(spec, pair.role, pair)], reserve)[0]
+        reserve = len(policy.tokenizer(pair.answer, add_special_tokens=False)["input_ids"]) + 1
+        prompt = policy.render_prompts([_request(spec, pair.role, pair)], reserve)[0]
         if prompt.error:
             raise UserError(f"the prompt of role '{pair.role}' cannot be rendered: {prompt.error}", where=pair.where)
         text = prompt.text or _request(spec, pair.role, pair).prompt
-        if group.fit_prompts([text], reserve)[0] != prompt.ids:
+        if policy.fit_prompts([text], reserve)[0] != prompt.ids:
             raise UserError(f"the rendered prompt of role '{pair.role}' does not tokenise back to the ids a turn "
                             "samples after; warm start cannot fit it exactly", where=pair.where)
         examples.append(SupervisedExample(prompt=text, response=pair.answer, adapter=spec.adapter))
