@@ -197,9 +197,9 @@ def instrument_group(group, phases: Phases) -> None:
 def save_tiny_model(directory: Path, alphabet: str, hidden: int = 64, layers: int = 2, heads: int = 4,
                     init_std: float = 0.1, tie: bool = False, seed: int = 0, max_positions: int = 64) -> Path:
     """A random-init Qwen2 + char tokenizer written with ``save_pretrained`` (what both TRL and unimas load)."""
-    from unimas.groups.torch.chars import build_char_tokenizer
-    from unimas.groups.torch.options import TinyModelConfig
-    from unimas.groups.torch.tiny import build_tiny_model
+    from unimas.groups.hf.chars import build_char_tokenizer
+    from unimas.groups.hf.model_source import TinyModelConfig
+    from unimas.groups.hf.tiny import build_tiny_model
 
     spec = TinyModelConfig(architecture="qwen2", alphabet=alphabet, hidden_size=hidden, num_layers=layers,
                            num_heads=heads, init_std=init_std, tie_embeddings=tie, max_positions=max_positions)

@@ -26,7 +26,7 @@ distinct prompt prefilled once as unimas does (rows sharing it decode on
 copies of its cache); for every update, one forward (+ reference forward)
 and backward and AdamW step on the same prompt+response token ids, the
 forwards taking each distinct prompt once whenever unimas's do (the rule
-``split_forward`` in ``unimas/groups/torch/shared_prompts.py``). Floor models are copies of the unimas models,
+``split_forward`` in ``unimas/groups/hf/shared_prompts.py``). Floor models are copies of the unimas models,
 so unimas training is not disturbed. overhead = (unimas step − floor) /
 unimas step, median over steps; the two mappings' steps alternate.
 
@@ -152,13 +152,13 @@ class Floor:
         import torch
 
         self.kl_coef = kl_coef
-        self.models = {name: copy.deepcopy(g.model) for name, g in groups.items()}
+        self.models = {name: copy.deepcopy(g.policy.model) for name, g in groups.items()}
         self.refs = {name: copy.deepcopy(m).eval().requires_grad_(False) for name, m in self.models.items()} \
             if kl_coef > 0 else {}
         # the multi-tensor step, as unimas's optimiser takes it (torch's CPU default loops over the tensors)
         self.optims = {name: torch.optim.AdamW(m.parameters(), lr=lr, foreach=True) for name, m in self.models.items()}
-        self.pad = {name: g.tokenizer.pad_token_id for name, g in groups.items()}
-        self.device = next(iter(groups.values())).device
+        self.pad = {name: g.policy.pad_id for name, g in groups.items()}
+        self.device = next(iter(groups.values())).policy.device
 
     @staticmethod
     def _pack(prompts, responses, pad):
@@ -198,7 +198,7 @@ class Floor:
         on copies of its cache (``split_forward``), the floor's do the same (None: one full row per turn)."""
         import torch
 
-        from unimas.groups.torch.shared_prompts import split_forward  # the rule only; the forwards are plain torch
+        from unimas.groups.hf.shared_prompts import split_forward  # the rule only; the forwards are plain torch
 
         plan = split_forward([t.prompt_ids for t in turns])
         if plan is None:

@@ -4,7 +4,7 @@ A GRPO step holds every first-turn prompt ``--group`` times. The torch
 backend prefills each distinct prompt once when sampling, and forwards it
 once for the update's log-probs (policy, KL reference, recomputed old
 log-probs), copying its key/value cache to the rows that share it
-(``unimas/groups/torch/shared_prompts.py``). This script times these
+(``unimas/groups/hf/shared_prompts.py``). This script times these
 forwards with the sharing on and off (off: every row is its own prompt),
 on one tiny Qwen2 model group, for several prompt lengths:
 
@@ -78,7 +78,8 @@ def build_group(args: argparse.Namespace, longest: int):
 @contextlib.contextmanager
 def sharing(enabled: bool):
     """Sharing off: every row is its own distinct prompt (what the backend did before)."""
-    from unimas.groups.torch import batches, sampling
+    from unimas.groups.hf import sampling
+    from unimas.groups.torch import batches
 
     if enabled:
         yield
@@ -97,7 +98,7 @@ def measure(args: argparse.Namespace, group, length: int) -> dict:
 
     from unimas.config.schema import GenerationConfig
     from unimas.groups.base import TrainTurn
-    from unimas.groups.torch import sampling
+    from unimas.groups.hf import sampling
 
     rng = random.Random(length)
     texts = ["".join(rng.choice(ALPHABET) for _ in range(length)) for _ in range(args.tasks)]

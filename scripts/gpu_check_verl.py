@@ -102,7 +102,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config  # noqa: E402
 from unimas.algorithms import functions as algorithms  # noqa: E402
 from unimas.config.schema import AlgorithmConfig, ModelGroupConfig, OptimConfig  # noqa: E402
 from unimas.groups.base import GroupSpec, TrainTurn  # noqa: E402
-from unimas.groups.torch.chars import build_char_tokenizer  # noqa: E402
+from unimas.groups.hf.chars import build_char_tokenizer  # noqa: E402
 from unimas.groups.verl.group import VerlModelGroup  # noqa: E402
 from unimas.groups.verl.options import VerlOptions  # noqa: E402
 from unimas.contract.registry import build_registry  # noqa: E402

@@ -96,9 +96,9 @@ def chat_model(request, tmp_path_factory) -> Path:
 
 def save_tiny_model(path: Path, spec: dict) -> str:
     """A random-init tiny model (``spec``: TinyModelConfig fields) and its char tokenizer saved as an HF dir."""
-    from unimas.groups.torch.chars import build_char_tokenizer
-    from unimas.groups.torch.options import TinyModelConfig
-    from unimas.groups.torch.tiny import build_tiny_model
+    from unimas.groups.hf.chars import build_char_tokenizer
+    from unimas.groups.hf.model_source import TinyModelConfig
+    from unimas.groups.hf.tiny import build_tiny_model
 
     tokenizer = build_char_tokenizer(spec["alphabet"])
     build_tiny_model(TinyModelConfig(**spec), tokenizer, seed=0).save_pretrained(path)

@@ -1,4 +1,10 @@
-"""The structure docs/architecture.md describes, checked: no import cycles, no upward imports, short modules."""
+"""The structure docs/architecture.md describes, checked: no import cycles, no upward imports, short modules.
+
+Every import is an edge: at module level, inside a function, or under ``if TYPE_CHECKING:`` (an annotation is a
+dependency too). The table's rows are layers (``training``) and, where a row names one, sub-layers
+(``groups.torch``): the torch and verl backends are layers of their own, so the table can say that both may
+import ``groups`` (the model-group contract and the backend-neutral kit) and neither may import the other.
+"""
 
 from __future__ import annotations
 
@@ -71,23 +77,45 @@ def import_graph(type_only: bool = False) -> nx.DiGraph:
     return graph
 
 
+def sublayers() -> set[str]:
+    """The table's rows that name a package inside a layer (``groups.torch``)."""
+    return {name for name in allowed_edges() if "." in name}
+
+
 def layer(module: str) -> str:
-    """``unimas.training.trainer`` -> ``training``; a top-level module is its own layer (``errors``, ``api``)."""
-    return module.split(".")[1]
+    """``unimas.training.trainer`` -> ``training``; ``unimas.groups.torch.group`` -> ``groups.torch`` (a row of
+    its own); a top-level module is its own layer (``errors``, ``api``)."""
+    parts = module.split(".")
+    inner = ".".join(parts[1:3])
+    return inner if len(parts) >= 3 and inner in sublayers() else parts[1]
 
 
 def layer_graph() -> nx.DiGraph:
-    """Modules collapsed to layers, type-only imports included: an annotation is a dependency too."""
+    """Modules collapsed to layers, type-only imports included: an annotation is a dependency too. A sub-layer
+    is a layer inside its parent only: from another layer, ``groups.torch`` is ``groups``."""
     graph = nx.DiGraph()
     for source, target in import_graph(type_only=True).edges:
-        if layer(source) != layer(target):
-            graph.add_edge(layer(source), layer(target))
+        outer, inner = layer(source), layer(target)
+        if inner.split(".")[0] != outer.split(".")[0]:
+            inner = inner.split(".")[0]
+        if outer != inner:
+            graph.add_edge(outer, inner)
     return graph
 
 
-def test_modules_import_without_cycles():
-    cycles = list(nx.simple_cycles(import_graph()))
+def test_modules_import_without_cycles_every_edge_counted():
+    """No module cycle anywhere under unimas/, type-only and function-local imports included."""
+    cycles = list(nx.simple_cycles(import_graph(type_only=True)))
     assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_the_two_backends_never_import_each_other():
+    """groups.torch and groups.verl share only what groups/ holds (base, kit): neither reaches into the other."""
+    graph = import_graph(type_only=True)
+    crossing = sorted((source, target) for source, target in graph.edges
+                      if {layer(source), layer(target)} == {"groups.torch", "groups.verl"})
+    assert crossing == [], f"imports between the torch and verl backends: {crossing}"
+    assert "groups.verl" not in allowed_edges()["groups.torch"] and "groups.torch" not in allowed_edges()["groups.verl"]
 
 
 def test_packages_import_without_cycles_type_only_imports_included():
@@ -108,13 +136,13 @@ def test_the_table_of_allowed_edges_is_itself_acyclic():
     assert set(table.nodes) <= set(allowed_edges()), "an allowed target that is not a layer"
 
 
-@pytest.mark.parametrize("package", sorted(name.split(".")[1] for name, path in MODULES.items()
-                                           if name.count(".") == 1 and path.name == "__init__.py"))
+@pytest.mark.parametrize("package", sorted({name.split(".")[1] for name, path in MODULES.items()
+                                            if name.count(".") == 1 and path.name == "__init__.py"} | sublayers()))
 def test_package_docstring_states_its_allowed_imports(package):
-    """Each package says what it owns and what it may import; the line matches the table."""
+    """Each package (and sub-layer) says what it owns and what it may import; the line matches the table."""
     doc = ast.get_docstring(ast.parse(MODULES[f"unimas.{package}"].read_text())) or ""
     lines = [line for line in doc.splitlines() if line.startswith("May import:")]
-    assert lines, f"unimas/{package}/__init__.py: no 'May import:' line"
+    assert lines, f"unimas/{package.replace('.', '/')}/__init__.py: no 'May import:' line"
     stated = lines[0].removeprefix("May import:").strip().rstrip(".")
     assert (set() if stated == NONE else {n.strip() for n in stated.split(",")}) == allowed_edges()[package]
 
@@ -129,6 +157,21 @@ def test_the_checker_sees_a_cycle(tmp_path):
     planted = tmp_path / "planted.py"
     planted.write_text("def f():\n    from unimas.training.trainer import Trainer\n")
     assert "unimas.training.trainer" in imports_of(planted)
+
+
+def test_the_cycle_check_sees_a_cycle_closed_by_a_type_only_import(tmp_path):
+    """A cycle whose closing edge is an ``if TYPE_CHECKING:`` import is a cycle (the torch backend had one)."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                       "    from unimas.groups.torch.group import TorchModelGroup\n")
+    graph = nx.DiGraph([("unimas.groups.torch.group", "planted")])
+    graph.add_edges_from(("planted", target) for target in imports_of(planted, type_only=True))
+    assert nx.find_cycle(graph)
+
+
+def test_a_backend_row_is_a_layer_of_its_own():
+    assert layer("unimas.groups.torch.group") == "groups.torch" and layer("unimas.groups.verl.critic") == "groups.verl"
+    assert layer("unimas.groups.torch") == "groups.torch" and layer("unimas.groups.base") == "groups"
 
 
 def test_the_layer_check_sees_type_only_imports(tmp_path):

@@ -132,8 +132,8 @@ def test_the_chat_quickstart_learns(chat_model, tmp_path, repo):
 
 
 def test_plain_prompt_ids_tokenise_each_text_once_and_hand_out_copies():
-    from unimas.groups.torch.chars import build_char_tokenizer
-    from unimas.groups.torch.chat import PlainPromptIds
+    from unimas.groups.hf.chars import build_char_tokenizer
+    from unimas.groups.hf.chat import PlainPromptIds
 
     class Counting:
         """The char tokenizer, counting the texts it is asked to encode."""

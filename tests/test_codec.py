@@ -1,10 +1,10 @@
 """Batch encode/decode through the tokenizer backend gives exactly what transformers' wrapper gives
-(``unimas/groups/torch/codec.py``), and falls back to the wrapper where the two would differ."""
+(``unimas/groups/hf/codec.py``), and falls back to the wrapper where the two would differ."""
 
 import pytest
 
-from unimas.groups.torch.chars import build_char_tokenizer
-from unimas.groups.torch.codec import decode_batch, encode_batch
+from unimas.groups.hf.chars import build_char_tokenizer
+from unimas.groups.hf.codec import decode_batch, encode_batch
 from unimas.testing.tiny_chat import IM_END, IM_START, build_tokenizer
 
 TEXTS = ["hello world", "  two  spaces ", "", "naïve café ✓", f"{IM_START}user\nhi{IM_END}", "a , b ."]

@@ -25,7 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from unimas.errors import UserError
-from unimas.groups.torch import chat, checkpoint, source, tokenizer_files
+from unimas.groups.hf import chat, source, tokenizer_files
+from unimas.groups.torch import checkpoint
 from unimas.groups.torch.weights import copy_weights
 from unimas.groups.torch.options import TorchOptions
 from unimas.output import checkpoints

@@ -1,4 +1,4 @@
-"""The padded batch layout (unimas/groups/torch/layout.py) against a row-by-row construction of it.
+"""The padded batch layout (unimas/groups/hf/layout.py) against a row-by-row construction of it.
 
 ``layout_batch`` builds ids from one flat buffer and the mask from the row
 lengths; these tests pin that the result is the layout the module docstring
@@ -12,7 +12,7 @@ import random
 
 import torch
 
-from unimas.groups.torch.layout import layout_batch, pad_rows
+from unimas.groups.hf.layout import layout_batch, pad_rows
 
 
 def reference_layout(prompts, responses, pad):

@@ -1,4 +1,4 @@
-"""Rows that share a prompt compute it once (``unimas/groups/torch/shared_prompts.py``).
+"""Rows that share a prompt compute it once (``unimas/groups/hf/shared_prompts.py``).
 
 Sampling: the prefill forward sees each distinct prompt once (left padding included); greedy rows answer as their
 prompt does alone; sharing changes no random draw (the same tokens as prefilling every row, under the same seed).
@@ -13,7 +13,8 @@ import torch
 
 from unimas.groups.base import GenRequest
 from unimas.groups.torch import critic as critic_lib
-from unimas.groups.torch import batches, sampling, shared_prompts
+from unimas.groups.hf import sampling, shared_prompts
+from unimas.groups.torch import batches
 from tests.test_torch_backend import gen, make_group, turns_from
 
 SHARED = ["S:a", "L:hgfedcba", "S:a", "S:bcd", "L:hgfedcba", "S:a", "a", "S:a"]

@@ -90,7 +90,7 @@ def test_registry_imports_a_backend_when_it_is_asked_for():
 @pytest.mark.parametrize("alphabet", ["SL:abcdefgh01234567", "aab ba\n\t:", "xyz<>"])
 def test_a_tiny_models_vocabulary_without_a_tokenizer_is_its_tokenizers(alphabet):
     """What ``unimas validate`` reads off the options equals what the char tokenizer itself lists."""
-    from unimas.groups.torch import source
+    from unimas.groups.hf import source
     from unimas.groups.torch.backend import TorchBackend
     from unimas.groups.torch.options import TorchOptions
 
@@ -130,7 +130,7 @@ def test_validate_of_a_tiny_config_imports_neither_torch_nor_transformers(warm_c
 
 @pytest.mark.slow
 def test_validate_of_a_model_dir_config_imports_neither_torch_nor_transformers(tmp_path, chat_model, warm_cache):
-    """The chat template comes from the dir's tokenizer files (unimas/groups/torch/tokenizer_files.py)."""
+    """The chat template comes from the dir's tokenizer files (unimas/groups/hf/tokenizer_files.py)."""
     text = (REPO / "examples" / "quickstart_chat.yaml").read_text()
     assert "{path: models/tiny-chat}" in text
     config = tmp_path / "chat.yaml"

@@ -1,9 +1,9 @@
 """A model dir's token texts and chat template read from its files equal what transformers' tokenizer says.
 
 ``unimas validate`` answers both without importing transformers
-(:mod:`unimas.groups.torch.tokenizer_files`); the transformers path stays for
+(:mod:`unimas.groups.hf.tokenizer_files`); the transformers path stays for
 dirs it cannot read. Each case computes the answers both ways, through the
-same :mod:`unimas.groups.torch.source` functions with the file reader turned
+same :mod:`unimas.groups.hf.source` functions with the file reader turned
 off for the reference.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from unimas.errors import UserError
-from unimas.groups.torch import source, tokenizer_files
+from unimas.groups.hf import source, tokenizer_files
 from unimas.groups.torch.backend import TorchBackend
 from unimas.groups.torch.options import TorchOptions
 
@@ -170,7 +170,7 @@ def test_validate_names_a_corrupt_tokenizer_json_without_a_traceback(tmp_path, c
 
 
 def test_a_model_dir_is_parsed_once_until_its_files_change(tmp_path):
-    from unimas.groups.torch import tokenizer_files
+    from unimas.groups.hf import tokenizer_files
 
     directory = bpe_dir(tmp_path / "bpe")
     (directory / tokenizer_files.CHAT_TEMPLATE_FILE).unlink(missing_ok=True)

@@ -22,7 +22,7 @@ from unimas.config.schema import AlgorithmConfig, GenerationConfig, LoraConfig, 
 from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
 from unimas.groups.torch import SupervisedExample, TorchBackend, TorchModelGroup, TorchOptions
 from unimas.groups.prompts import check_known
-from unimas.groups.torch.chars import build_char_tokenizer
+from unimas.groups.hf.chars import build_char_tokenizer
 
 ALPHABET = "abcdefgh:SL "
 

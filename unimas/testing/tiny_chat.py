@@ -25,7 +25,7 @@ Choices (in the style of Qwen2.5-Instruct):
   message, then ``<|im_start|>assistant\\n`` with ``add_generation_prompt``.
   Unlike Qwen, no default system message is added when none is given.
 * a Qwen2 causal LM with untied embeddings and ``initializer_range`` 0.1,
-  for the same reasons as :mod:`unimas.groups.torch.tiny`, then a few
+  for the same reasons as :mod:`unimas.groups.hf.tiny`, then a few
   seconds of supervised "repeat: x" chat turns (:func:`instruct_tune`) so
   that it reads its prompt; ``instruct_steps=0`` keeps it purely random.
 

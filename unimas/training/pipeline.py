@@ -18,7 +18,7 @@ A group's own ``max_staleness`` may be lower than the pipeline's depth: its
 turns past the bound are dropped, or trained re-weighted
 (``algorithm.stale_turns``). Turns within the bound train with the truncated
 importance ratio against their recorded log-probs (see
-``unimas/groups/torch/training.py``).
+``unimas/groups/torch/learner.py``).
 
 Checkpoints. Saving step ``N`` first lets every rollout in flight finish;
 the finished rollouts not yet trained (steps ``N+1 .. N+depth``) are written

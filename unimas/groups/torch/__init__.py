@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_HOMES = {"TorchBackend": "backend", "TorchModelGroup": "group", "TinyModelConfig": "options",
+_HOMES = {"TorchBackend": "backend", "TorchModelGroup": "group",
           "TorchOptions": "options", "SupervisedExample": "learner"}
 
 __all__ = sorted(_HOMES)

@@ -4,9 +4,9 @@
 has critics, its token strings (for the prompt check and the stand-in model of
 ``--episodes``) and whether it renders chat templates. For a tiny model all of
 that follows from the options alone: its char tokenizer's tokens are the
-alphabet (:mod:`unimas.groups.torch.chars`), and it has no chat template. A
+alphabet (:mod:`unimas.groups.hf.chars`), and it has no chat template. A
 model dir or a checkpoint answers from its tokenizer files
-(:mod:`unimas.groups.torch.tokenizer_files`). So this class answers without
+(:mod:`unimas.groups.hf.tokenizer_files`). So this class answers without
 importing torch or transformers (whose tokenizer classes alone cost seconds:
 docs/performance.md, start-up), except for a dir without ``tokenizer.json``,
 whose tokenizer transformers loads. :meth:`build` imports
@@ -41,7 +41,7 @@ class TorchBackend:
         options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
         if options.tiny is not None:
             return [char for char in dict.fromkeys(options.tiny.alphabet) if char]
-        from unimas.groups.torch import source
+        from unimas.groups.hf import source
 
         return source.vocabulary(options)
 
@@ -51,6 +51,6 @@ class TorchBackend:
         options = options if isinstance(options, TorchOptions) else TorchOptions.model_validate(options)
         if options.tiny is not None:
             return False
-        from unimas.groups.torch import source
+        from unimas.groups.hf import source
 
         return source.has_chat_template(options)

@@ -16,8 +16,8 @@ from typing import Iterator, Optional, Sequence
 import torch
 
 from unimas.groups.base import TrainTurn
-from unimas.groups.torch.layout import PaddedBatch, layout_batch
-from unimas.groups.torch.shared_prompts import SplitBatch, split_batch, split_forward
+from unimas.groups.hf.layout import PaddedBatch, layout_batch
+from unimas.groups.hf.shared_prompts import SplitBatch, split_batch, split_forward
 
 
 class TurnBatches:

@@ -30,7 +30,7 @@ import torch
 from safetensors.torch import save_file
 
 from unimas.errors import UserError
-from unimas.groups.torch.options import MODEL_DIR
+from unimas.groups.hf.model_source import MODEL_DIR
 from unimas.groups.torch.state import RngState
 from unimas.groups.torch.weights import clean_base_name, copy_weights, refuse_pickled_weights
 from unimas.safe_load import load_safetensors, load_tensors, reading
@@ -61,20 +61,6 @@ def check_weights(directory: Path) -> None:
             raise UserError("not a regular file (a pipe or a device is no weights file)", where=str(path))
         with reading(path), safe_open(path, framework="pt") as handle:
             handle.keys()
-
-
-def group_dir(root: Path, name: str) -> tuple[Path, Path]:
-    """(group checkpoint dir, HF model dir) for ``init_from``.
-
-    Accepts a dir written by :func:`save`, a run checkpoint holding one
-    such dir per group name, or a plain Hugging Face model dir.
-    """
-    for group in (root / name, root):
-        if (group / MODEL_DIR / "config.json").exists():
-            return group, group / MODEL_DIR
-    if (root / "config.json").exists():
-        return root, root
-    raise FileNotFoundError(f"init_from {root}: no '{MODEL_DIR}/config.json' (a unimas checkpoint) or config.json")
 
 
 def save_weights(directory: Path, policy: "TorchPolicy") -> None:

@@ -39,8 +39,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
-from unimas.groups.torch import checkpoint, sampling
-from unimas.groups.torch import source as source_of
+from unimas.groups.results import bucket_key, is_refused, refused_result
+from unimas.groups.hf import sampling
+from unimas.groups.torch import checkpoint
+from unimas.groups.hf import source as source_of
 from unimas.groups.torch.critic import Critic
 from unimas.groups.torch.learner import SupervisedExample, TorchLearner
 from unimas.groups.torch.options import TorchOptions
@@ -103,10 +105,7 @@ class TorchModelGroup(ModelGroup):
         """Sample every request; requests sharing (adapter, settings) run as one batch."""
         buckets: dict[tuple, list[int]] = defaultdict(list)
         for i, req in enumerate(requests):
-            gen = req.generation
-            greedy = req.greedy or gen.temperature == 0
-            sampling_key = () if greedy else (gen.temperature, gen.top_k, gen.top_p)
-            buckets[(req.adapter, gen.max_new_tokens, greedy, sampling_key)].append(i)
+            buckets[(req.adapter, *bucket_key(req))].append(i)
         results: list[Optional[GenResult]] = [None] * len(requests)
         with self.sampler.lock, torch.inference_mode():
             for (adapter, _, greedy, _), rows in buckets.items():
@@ -124,10 +123,8 @@ class TorchModelGroup(ModelGroup):
         prompts = policy.render_prompts(requests, gen.max_new_tokens)
         results: list[Optional[GenResult]] = [None] * len(requests)
         for i, prompt in enumerate(prompts):
-            if prompt.error or (prompt.truncated and not requests[i].allow_truncation):
-                results[i] = GenResult(text="", prompt_ids=prompt.ids, response_ids=[], logprobs=[], finished=False,
-                                       prompt_text=prompt.text, truncated=prompt.truncated, error=prompt.error or None,
-                                       weight_version=self.sampler.version)
+            if is_refused(prompt, requests[i]):
+                results[i] = refused_result(prompt, self.sampler.version)
         run = [i for i, result in enumerate(results) if result is None]
         if run:
             stops = sampling.StopStrings(tokenizer, [requests[i].stop for i in run])

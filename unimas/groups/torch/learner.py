@@ -32,7 +32,7 @@ from unimas.groups.prompts import check_known
 from unimas.groups.torch import optimizer as optim_lib
 from unimas.groups.torch.batches import TurnBatches, minibatches
 from unimas.groups.torch.critic import Critic
-from unimas.groups.torch.layout import pad_rows
+from unimas.groups.hf.layout import pad_rows
 from unimas.groups.torch.policy import TorchPolicy
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
 from unimas.groups.lora import check_target_modules
 from unimas.groups.prompts import check_prompt_text, cut_left, prompt_limit
-from unimas.groups.torch import chat
+from unimas.groups.hf import chat
 from unimas.groups.torch.batches import TurnBatches
-from unimas.groups.torch.shared_prompts import SplitBatch, UnsharableCache, forward_split
+from unimas.groups.hf.shared_prompts import SplitBatch, UnsharableCache, forward_split
 
 
 def device_for(spec: GroupSpec) -> torch.device:
@@ -298,7 +298,7 @@ def _response_logits(model: torch.nn.Module, turns: list[TrainTurn], batches: Tu
     """(the logits that predict each response token, (rows, R, V); the response ids; their mask).
 
     When rows share prompts enough, each distinct prompt goes through the model once
-    (:mod:`unimas.groups.torch.shared_prompts`); otherwise one ``[prompt | response]`` row per turn.
+    (:mod:`unimas.groups.hf.shared_prompts`); otherwise one ``[prompt | response]`` row per turn.
     """
     batch = batches(turns)
     if isinstance(batch, SplitBatch):

@@ -22,8 +22,8 @@ import torch
 
 from unimas.config.schema import AlgorithmConfig, GenerationConfig, ModelGroupConfig
 from unimas.groups.base import GroupSpec
-from unimas.groups.torch import sampling
-from unimas.groups.torch import source as source_of
+from unimas.groups.hf import sampling
+from unimas.groups.hf import source as source_of
 from unimas.groups.torch.options import TorchOptions
 from unimas.groups.torch.policy import TorchPolicy, device_for
 from unimas.groups.torch.sampler import InPlaceSampler

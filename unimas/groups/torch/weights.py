@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from unimas.errors import UserError
-from unimas.groups.torch.pretrained import pretrained_model
+from unimas.groups.hf.pretrained import pretrained_model
 from unimas.safe_load import reading
 
 PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")

@@ -53,8 +53,9 @@ from unimas.config.schema import GenerationConfig
 from unimas.errors import UserError
 from unimas.groups.base import UPDATE_METRICS, Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.lora import check_target_modules
-from unimas.groups.torch import sampling
-from unimas.groups.torch import source as source_of
+from unimas.groups.results import bucket_key, is_refused, refused_result
+from unimas.groups.hf import sampling
+from unimas.groups.hf import source as source_of
 from unimas.groups.verl import batch as rows_of
 from unimas.groups.verl import checkpoint, critic, lora, patches, prompts
 from unimas.groups.verl.options import VerlOptions, translate
@@ -250,9 +251,7 @@ class VerlModelGroup(ModelGroup):
         for i, request in enumerate(requests):
             if request.adapter not in (None, *self.spec.adapters):  # the rollout holds the group's one adapter
                 raise ValueError(f"model group '{self.name}' (verl) has no LoRA adapter '{request.adapter}'")
-            gen = request.generation
-            greedy = request.greedy or gen.temperature == 0
-            buckets[(gen.max_new_tokens, greedy, () if greedy else (gen.temperature, gen.top_k, gen.top_p))].append(i)
+            buckets[bucket_key(request)].append(i)
         results: list[Optional[GenResult]] = [None] * len(requests)
         fallback = self.tokenizer.bos_token_id if self.tokenizer.bos_token_id is not None else self.eos_ids[0]
         with self._rollout_lock:
@@ -260,13 +259,9 @@ class VerlModelGroup(ModelGroup):
                 gen = requests[members[0]].generation
                 rendered = [prompts.render(self.tokenizer, requests[i], self.name, self.max_positions, fallback)
                             for i in members]
-                run = [k for k, (p, i) in enumerate(zip(rendered, members))
-                       if not p.error and (requests[i].allow_truncation or not p.truncated)]
+                run = [k for k, (p, i) in enumerate(zip(rendered, members)) if not is_refused(p, requests[i])]
                 for k, i in enumerate(members):  # placeholders: refused (too long, or not renderable) unless run
-                    results[i] = GenResult(text="", prompt_ids=rendered[k].ids, response_ids=[], logprobs=[],
-                                           finished=False, prompt_text=rendered[k].text,
-                                           truncated=rendered[k].truncated, error=rendered[k].error or None,
-                                           weight_version=self.rollout.weight_version)
+                    results[i] = refused_result(rendered[k], self.rollout.weight_version)
                 if not run:
                     continue
                 ids = [rendered[k].ids for k in run]

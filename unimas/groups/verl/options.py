@@ -20,7 +20,7 @@ from pydantic import Field, model_validator
 from unimas.config.schema import LoraConfig, OptimConfig
 from unimas.config.strict import Strict
 from unimas.groups.base import GroupSpec
-from unimas.groups.torch.options import TinyModelConfig, TorchOptions
+from unimas.groups.hf.model_source import ModelSource, TinyModelConfig, TinyModelFacts
 from unimas.groups.verl import lora, names
 
 ROLLOUT_NAMES = {"hf": "unimas_hf", "vllm": "vllm"}
@@ -41,7 +41,7 @@ class VerlOverrides(Strict):
     rollout: dict[str, Any] = Field(default_factory=dict, description="verl RolloutConfig fields")
 
 
-class VerlOptions(Strict):
+class VerlOptions(Strict, TinyModelFacts):
     """Where the weights come from, how verl's FSDP2 engine trains them, and which rollout generates."""
 
     path: Optional[str] = Field(None, description="local Hugging Face model directory (never downloaded)")
@@ -88,42 +88,35 @@ class VerlOptions(Strict):
     @model_validator(mode="after")
     def _path_is_model_dir(self) -> "VerlOptions":
         if self.path is not None:
-            TorchOptions(path=self.path)  # the torch backend's check and message for a bad directory
+            ModelSource(path=self.path)  # the kit's check and message for a bad directory
         if self.init_from is not None and not verl_checkpoints(Path(self.init_from)):
-            TorchOptions(init_from=self.init_from)  # not a verl checkpoint: the torch backend's layouts and message
+            ModelSource(init_from=self.init_from)  # not a verl checkpoint: a torch group's layouts and message
         return self
-
-    @property
-    def max_positions(self) -> Optional[int]:
-        return self.tiny.max_positions if self.tiny is not None else None
-
-    @property
-    def alphabet(self) -> Optional[str]:
-        return self.tiny.alphabet if self.tiny is not None else None
 
     @property
     def serves_hf(self) -> bool:
         """The ``hf`` rollout runs in a Ray server actor (server mode, or any worker-group group)."""
         return self.rollout == "hf" and (self.rollout_server or self.workers == "ray")
 
-    def source(self, group: Optional[str] = None) -> Optional[TorchOptions]:
-        """The weights source as torch-backend options (reuses its loaders); ``group`` picks it in a run checkpoint.
+    def source(self, group: Optional[str] = None) -> Optional[ModelSource]:
+        """The weights source the kit's loaders read (:mod:`unimas.groups.hf.source`); ``group`` picks it in a run
+        checkpoint.
 
         None when ``init_from`` is a run checkpoint of verl groups without that
         group (or, with no group named, with several).
         """
         if self.init_from is None:
-            return TorchOptions(path=self.path, tiny=self.tiny)
+            return ModelSource(path=self.path, tiny=self.tiny)
         found = verl_checkpoints(Path(self.init_from))
         if not found:
-            return TorchOptions(init_from=self.init_from)
+            return ModelSource(init_from=self.init_from)
         if "" in found:  # init_from is the group's own checkpoint dir
             model = found[""]
         elif group is not None:
             model = found.get(group)
         else:  # no group named (validation helpers): only an unambiguous run checkpoint answers
             model = next(iter(found.values())) if len(found) == 1 else None
-        return None if model is None else TorchOptions(path=str(model))
+        return None if model is None else ModelSource(path=str(model))
 
 
 VERL_HF_DIR = Path("verl_actor") / "huggingface"

@@ -1,7 +1,7 @@
 """Prompt ids for a verl group's requests: the torch backend's rendering rules, without its model.
 
 Plain prompts, chat templates and continued conversations render exactly as
-in the torch backend (``unimas.groups.torch.chat``), so a role behaves the
+in the torch backend (``unimas.groups.hf.chat``), so a role behaves the
 same on either backend; prompts too long for the context are cut from the
 left when the role allows it and refused otherwise.
 """
@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerBase
 
 from unimas.groups.base import GenRequest
 from unimas.groups.prompts import check_prompt_text, cut_left, prompt_limit
-from unimas.groups.torch import chat
+from unimas.groups.hf import chat
 
 
 def render(tokenizer: PreTrainedTokenizerBase, request: GenRequest, group: str, max_positions: Optional[int],
@@ -22,7 +22,7 @@ def render(tokenizer: PreTrainedTokenizerBase, request: GenRequest, group: str, 
     """The request's prompt ids; ``truncated`` set when they do not fit with the new tokens.
 
     Messages that make the chat template or the tokenizer fail give a prompt with ``error`` set (that
-    request's failure, not the batch's: see :func:`unimas.groups.torch.chat.failed_prompt`).
+    request's failure, not the batch's: see :func:`unimas.groups.hf.chat.failed_prompt`).
     """
     templated = bool(request.messages) and request.use_chat_template and chat.has_chat_template(tokenizer)
     try:

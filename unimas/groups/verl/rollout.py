@@ -24,8 +24,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from unimas.config.schema import GenerationConfig
-from unimas.groups.torch import sampling
-from unimas.groups.torch.layout import layout_batch
+from unimas.groups.hf import sampling
+from unimas.groups.hf.layout import layout_batch
 from unimas.groups.verl import lora
 
 REGISTRY_KEY = ("unimas_hf", "async")

@@ -33,7 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from unimas.errors import UserError
 from unimas.groups.base import Continuation
-from unimas.groups.torch.codec import encode_batch
+from unimas.groups.hf.codec import encode_batch
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from unimas.groups.torch.layout import PaddedBatch, layout_batch
+from unimas.groups.hf.layout import PaddedBatch, layout_batch
 
 
 def distinct_prompts(prompts: Sequence[list[int]]) -> tuple[list[list[int]], Optional[list[int]]]:

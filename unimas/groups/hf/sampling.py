@@ -2,7 +2,7 @@
 
 Rows that share a prompt (the episodes of a GRPO group start from the same
 task) are prefilled once: their key/value cache is then copied to each of
-them (:mod:`unimas.groups.torch.shared_prompts`).
+them (:mod:`unimas.groups.hf.shared_prompts`).
 
 The log-prob reported for each sampled token is taken under
 ``softmax(logits / T)`` *before* any top-k / top-p filtering, because that is
@@ -25,10 +25,10 @@ from transformers import PreTrainedTokenizerBase
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GenRequest, GenResult
 from unimas.groups.streaming import TextProgress
-from unimas.groups.torch.chat import RenderedPrompt
-from unimas.groups.torch.codec import decode_batch
-from unimas.groups.torch.layout import layout_batch
-from unimas.groups.torch.shared_prompts import UnsharableCache, copy_cache_rows, distinct_prompts
+from unimas.groups.hf.chat import RenderedPrompt
+from unimas.groups.hf.codec import decode_batch
+from unimas.groups.hf.layout import layout_batch
+from unimas.groups.hf.shared_prompts import UnsharableCache, copy_cache_rows, distinct_prompts
 
 
 def logprobs_are_exact(gen: GenerationConfig, greedy: bool) -> bool:

@@ -21,7 +21,7 @@ from transformers import (
     Qwen2Config,
 )
 
-from unimas.groups.torch.options import TinyModelConfig
+from unimas.groups.hf.model_source import TinyModelConfig
 
 
 def tiny_model_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerBase):
