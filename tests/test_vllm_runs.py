@@ -1,6 +1,6 @@
 """Whole runs with torch groups sampling through vLLM (``options.sampler: vllm``).
 
-Two groups train with an engine each (their first batches checked against
+Two groups train with an engine each, the asynchronous pipeline on (their first batches checked against
 the trainer, both versions advancing), and a gateway agent streams its
 answers from vLLM (chat completions and the Responses API) with the recorded
 ids equal to the answer asked for without streaming.
@@ -23,7 +23,8 @@ HEADS = {"hidden_size": 64, "num_heads": 2}
 
 @pytest.mark.slow
 def test_two_groups_train_with_an_engine_each(tmp_path):
-    overrides = ["trainer.steps=2", "trainer.tasks_per_step=4", "algorithm.group_size=4", "trainer.eval_every=0"]
+    overrides = ["trainer.steps=2", "trainer.tasks_per_step=4", "algorithm.group_size=4", "trainer.eval_every=0",
+                 "algorithm.max_staleness=1"]  # the engines sample the next step while the groups update
     for group in ("speaker_model", "listener_model"):
         overrides += [f"models.{group}.options.tiny.num_heads=2", f"models.{group}.options.sampler=vllm"]
     code = main(["train", str(EXAMPLES / "quickstart_separate.yaml"), "--run-dir", str(tmp_path / "run"),
