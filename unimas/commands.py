@@ -272,10 +272,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_warmstart(args: argparse.Namespace) -> int:
     """``unimas warmstart``: :func:`unimas.training.warm_start.warm_start` on the config and the pair files."""
-    from unimas.config.loading import load_config
     from unimas.training.warm_start import warm_start
 
-    config = load_config(args.config, args.overrides)
+    config = _prepare(args).config  # the whole config checked, as `unimas validate` does, before any model loads
     warm_start(config, args.data, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                eval_data=args.eval_data, target=args.target, eval_every=args.eval_every,
                log=lambda line: print(line, flush=True))

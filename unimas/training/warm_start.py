@@ -185,8 +185,8 @@ def warm_start(config: ExperimentConfig | str | Path, data: str | Path | Sequenc
     import torch
 
     from unimas.config.loading import load_config
-    from unimas.preflight.validate import validate
     from unimas.runtime.build import build_group
+    from unimas.training.experiment import Experiment
 
     if steps < 1 or batch_size < 1 or eval_every < 1:
         raise UserError("steps, batch size and eval interval must be at least 1", where="warm start")
@@ -208,7 +208,7 @@ def warm_start(config: ExperimentConfig | str | Path, data: str | Path | Sequenc
         config = config.model_copy(deep=True)
         for name in groups:
             config.models[name].optim.lr = lr
-    experiment = validate(config)
+    experiment = Experiment.resolve(config)  # plugins found; `unimas warmstart` validates the whole config first
     torch.set_num_threads(config.trainer.torch_threads)
     torch.manual_seed(seed)
     rng = random.Random(seed)

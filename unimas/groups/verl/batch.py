@@ -17,6 +17,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from unimas.algorithms.functions import RoleObjective, token_coefficients
+from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import TrainTurn
 
 
@@ -88,12 +90,11 @@ def layout(turns: Sequence[TrainTurn], pad_id: int, size: Optional[int] = None) 
     return Rows(tensors, len(turns), prompt_width)
 
 
-def role_coefficients(turns: Sequence[TrainTurn], rows: Rows, objectives: dict, algorithm) -> dict[str, torch.Tensor]:
+def role_coefficients(turns: Sequence[TrainTurn], rows: Rows, objectives: dict[str, RoleObjective],
+                      algorithm: AlgorithmConfig) -> dict[str, torch.Tensor]:
     """``token_weight`` and ``entropy_coef`` (rows, response width) for the loss (:mod:`.loss`), from the roles'
     own terms (``roles.<role>.entropy_coef`` / ``loss_weight``); empty when no turn's role sets any, so the
     engine's batch and loss are what they were without per-role settings. Padding rows get weight 1."""
-    from unimas.algorithms.functions import token_coefficients
-
     roles = [t.role for t in turns] + [""] * (rows.size - rows.real)
     weight, coef = token_coefficients(objectives, roles, algorithm, rows.tensors["advantages"])
     if weight is None:
