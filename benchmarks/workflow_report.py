@@ -128,8 +128,8 @@ def headline(runs: list[dict]) -> str:
         mean_final = {cell: statistics.fmean(final(r) for r in group) for cell, group in grouped.items()}
         top, bottom = max(mean_final, key=mean_final.get), min(mean_final, key=mean_final.get)
         gained = sum(all(final(r) > r["curve"][0]["accuracy"] for r in group) for group in grouped.values())
-        starts = [r["curve"][0]["accuracy"] for group in grouped.values() for r in group]
-        rows.append([workflow, mean_std(sorted(set(starts))) if len(set(starts)) > 1 else f"{starts[0]:.3f}",
+        starts = [r["curve"][0]["accuracy"] for r in next(iter(grouped.values()))]  # one start per seed
+        rows.append([workflow, mean_std(starts),
                      f"{top[1]} / {top[2]}: {mean_std([final(r) for r in grouped[top]])}",
                      f"{bottom[1]} / {bottom[2]}: {mean_std([final(r) for r in grouped[bottom]])}",
                      f"{gained}/{len(grouped)}"])
