@@ -254,9 +254,13 @@ class VllmEngine:
         """(token rows, log-prob rows, the weight version that sampled them). ``listeners``: row -> a callback
         given each id of that row as the engine samples it (a streamed answer)."""
         listeners = dict(listeners or {})
+
+        def hand_over(row: int, ids: list[int]) -> None:
+            for token in ids:
+                listeners[row](token)
+
         reply = self._call({"op": "sample", "prompts": [list(p) for p in prompts], "seeds": [int(s) for s in seeds],
-                            **asdict(settings), "streamed": sorted(listeners)},
-                           on_progress=lambda row, ids: [listeners[row](t) for t in ids])
+                            **asdict(settings), "streamed": sorted(listeners)}, on_progress=hand_over)
         return reply["tokens"], reply["logprobs"], int(reply["version"])
 
     def publish(self, model: Any, version: int, reset_prefix_cache: bool = True) -> float:
