@@ -101,11 +101,11 @@ from transformers import AutoModelForCausalLM, Qwen2Config  # noqa: E402
 
 from unimas.algorithms import functions as algorithms  # noqa: E402
 from unimas.config.schema import AlgorithmConfig, ModelGroupConfig, OptimConfig  # noqa: E402
+from unimas.contract.registry import build_registry  # noqa: E402
 from unimas.groups.base import GroupSpec, TrainTurn  # noqa: E402
 from unimas.groups.hf.chars import build_char_tokenizer  # noqa: E402
 from unimas.groups.verl.group import VerlModelGroup  # noqa: E402
 from unimas.groups.verl.options import VerlOptions  # noqa: E402
-from unimas.contract.registry import build_registry  # noqa: E402
 
 SHAPES = {
     "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,

@@ -23,8 +23,8 @@ from unimas.cli import main
 from unimas.config.schema import CriticConfig, ModelGroupConfig, OptimConfig, RoleConfig
 from unimas.contract.registry import build_registry
 from unimas.groups.base import TrainTurn
-from unimas.groups.torch.group import TorchModelGroup
 from unimas.groups.role_gae import gae_over_turns, role_sequences
+from unimas.groups.torch.group import TorchModelGroup
 from unimas.training.trainer import train_turn
 from unimas.trajectory import GraphTrajectory, ToolNode, TurnNode
 

@@ -27,8 +27,8 @@ from safetensors.torch import load_file, save_file
 from unimas.errors import UserError
 from unimas.groups.hf import chat, source, tokenizer_files
 from unimas.groups.torch import checkpoint
-from unimas.groups.torch.weights import copy_weights
 from unimas.groups.torch.options import TorchOptions
+from unimas.groups.torch.weights import copy_weights
 from unimas.output import checkpoints
 from unimas.training.pipeline import PENDING, read_pending
 

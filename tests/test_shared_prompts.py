@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from unimas.groups.base import GenRequest
-from unimas.groups.torch import critic as critic_lib
 from unimas.groups.hf import sampling, shared_prompts
+from unimas.groups.torch import critic as critic_lib
 from unimas.groups.torch import batches
 from tests.test_torch_backend import gen, make_group, turns_from
 

@@ -20,9 +20,9 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_poli
 from unimas.algorithms import functions as algorithms
 from unimas.config.schema import AlgorithmConfig, GenerationConfig, LoraConfig, ModelGroupConfig, OptimConfig
 from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
-from unimas.groups.torch import SupervisedExample, TorchBackend, TorchModelGroup, TorchOptions
-from unimas.groups.prompts import check_known
 from unimas.groups.hf.chars import build_char_tokenizer
+from unimas.groups.prompts import check_known
+from unimas.groups.torch import SupervisedExample, TorchBackend, TorchModelGroup, TorchOptions
 
 ALPHABET = "abcdefgh:SL "
 

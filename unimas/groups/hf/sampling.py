@@ -24,11 +24,11 @@ from transformers import PreTrainedTokenizerBase
 
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GenRequest, GenResult
-from unimas.groups.streaming import TextProgress
 from unimas.groups.hf.chat import RenderedPrompt
 from unimas.groups.hf.codec import decode_batch
 from unimas.groups.hf.layout import layout_batch
 from unimas.groups.hf.shared_prompts import UnsharableCache, copy_cache_rows, distinct_prompts
+from unimas.groups.streaming import TextProgress
 
 
 def logprobs_are_exact(gen: GenerationConfig, greedy: bool) -> bool:

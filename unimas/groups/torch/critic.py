@@ -48,11 +48,11 @@ from unimas.errors import UserError
 from unimas.groups import role_gae
 from unimas.groups.base import Critique, GroupSpec, TrainTurn
 from unimas.groups.critic_common import METRICS, advantage_spread, value_statistics, with_context
-from unimas.groups.torch import optimizer as optim_lib
-from unimas.groups.torch.batches import TurnBatches, minibatches
 from unimas.groups.hf.layout import PaddedBatch, pad_rows
 from unimas.groups.hf.pretrained import pretrained_model
 from unimas.groups.hf.shared_prompts import SplitBatch, UnsharableCache, forward_split
+from unimas.groups.torch import optimizer as optim_lib
+from unimas.groups.torch.batches import TurnBatches, minibatches
 from unimas.groups.torch.weights import copy_weights
 from unimas.safe_load import load_safetensors, load_tensors, reading
 

@@ -39,10 +39,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
-from unimas.groups.results import bucket_key, is_refused, refused_result
 from unimas.groups.hf import sampling
-from unimas.groups.torch import checkpoint
 from unimas.groups.hf import source as source_of
+from unimas.groups.results import bucket_key, is_refused, refused_result
+from unimas.groups.torch import checkpoint
 from unimas.groups.torch.critic import Critic
 from unimas.groups.torch.learner import SupervisedExample, TorchLearner
 from unimas.groups.torch.options import TorchOptions

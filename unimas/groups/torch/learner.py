@@ -28,11 +28,11 @@ import torch
 from unimas.algorithms import functions as algorithms
 from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import UPDATE_METRICS, Critique, GroupSpec, TrainTurn
+from unimas.groups.hf.layout import pad_rows
 from unimas.groups.prompts import check_known
 from unimas.groups.torch import optimizer as optim_lib
 from unimas.groups.torch.batches import TurnBatches, minibatches
 from unimas.groups.torch.critic import Critic
-from unimas.groups.hf.layout import pad_rows
 from unimas.groups.torch.policy import TorchPolicy
 
 log = logging.getLogger(__name__)

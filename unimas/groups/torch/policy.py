@@ -24,11 +24,11 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
+from unimas.groups.hf import chat
+from unimas.groups.hf.shared_prompts import SplitBatch, UnsharableCache, forward_split
 from unimas.groups.lora import check_target_modules
 from unimas.groups.prompts import check_prompt_text, cut_left, prompt_limit
-from unimas.groups.hf import chat
 from unimas.groups.torch.batches import TurnBatches
-from unimas.groups.hf.shared_prompts import SplitBatch, UnsharableCache, forward_split
 
 
 def device_for(spec: GroupSpec) -> torch.device:

@@ -32,8 +32,8 @@ import torch
 
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GroupSpec
-from unimas.groups.streaming import TextProgress
 from unimas.groups.hf import sampling
+from unimas.groups.streaming import TextProgress
 from unimas.groups.torch.rollout_replica import RolloutReplica
 from unimas.groups.torch.sampled import SampledRows, SamplingPolicy
 from unimas.groups.torch.vllm_sampler import VllmSampler

@@ -45,8 +45,8 @@ import torch
 from unimas.config.schema import GenerationConfig
 from unimas.errors import UserError
 from unimas.groups.base import GroupSpec
-from unimas.groups.streaming import TextProgress
 from unimas.groups.hf import sampling
+from unimas.groups.streaming import TextProgress
 from unimas.groups.torch.sampled import SampledRows, SamplingPolicy
 from unimas.groups.vllm_engine import (EngineError, EngineSettings, SampleSettings, VllmEngine, VllmOptions,
                                        kv_bytes_per_token)

@@ -52,10 +52,10 @@ import torch
 from unimas.config.schema import GenerationConfig
 from unimas.errors import UserError
 from unimas.groups.base import UPDATE_METRICS, Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
-from unimas.groups.lora import check_target_modules
-from unimas.groups.results import bucket_key, is_refused, refused_result
 from unimas.groups.hf import sampling
 from unimas.groups.hf import source as source_of
+from unimas.groups.lora import check_target_modules
+from unimas.groups.results import bucket_key, is_refused, refused_result
 from unimas.groups.verl import batch as rows_of
 from unimas.groups.verl import checkpoint, critic, lora, patches, prompts
 from unimas.groups.verl.options import VerlOptions, translate

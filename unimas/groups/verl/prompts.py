@@ -13,8 +13,8 @@ from typing import Optional
 from transformers import PreTrainedTokenizerBase
 
 from unimas.groups.base import GenRequest
-from unimas.groups.prompts import check_prompt_text, cut_left, prompt_limit
 from unimas.groups.hf import chat
+from unimas.groups.prompts import check_prompt_text, cut_left, prompt_limit
 
 
 def render(tokenizer: PreTrainedTokenizerBase, request: GenRequest, group: str, max_positions: Optional[int],
