@@ -65,13 +65,14 @@ def run(setting: str, seed: int, out: Path, steps: int, critic_entropy: float | 
     if not (warm / "team" / "model").is_dir():
         subprocess.run([sys.executable, str(REPO / "examples" / "critic_team_warm_start.py"), "--out", str(warm),
                         "--seed", str(seed)], check=True)
-    run_dir = out / f"{setting}-{seed}" if critic_entropy is None else out / f"{setting}{critic_entropy:g}-{seed}"
+    explored = critic_entropy is not None and setting.endswith("+explore")
+    run_dir = out / (f"{setting}{critic_entropy:g}-{seed}" if explored else f"{setting}-{seed}")
     from unimas.config.loading import config_from_dict, load_config
 
     tree = load_config(CONFIG).model_dump(mode="json", by_alias=True)
     tree["models"]["team"]["options"] = {"init_from": str(warm / "team")}  # instead of the tiny spec
     overrides = json.loads(json.dumps(SETTINGS[setting]))  # a copy: train() merges into it
-    if critic_entropy is not None and setting.endswith("+explore"):  # another strength of the critic's bonus
+    if explored:  # another strength of the critic's bonus
         overrides.setdefault("roles", {})["verifier"] = {"entropy_coef": critic_entropy}
     overrides["trainer"] = {"seed": seed, "steps": steps, "eval_every": max(steps // 3, 1)}
     overrides["logging"] = {"console": False, "report": False}
