@@ -11,8 +11,8 @@ import pytest
 from tests.async_golden import CONFIGS, GOLDEN, run
 
 NEW_KEYS = ("/staleness_mean", "/staleness_max", "/stale_dropped", "/weight_version", "/stale_turns",
-            "/importance_weight", "/rerendered_turns", "/clipped")
-"""Metrics added with the pipeline (the recorded run predates them)."""
+            "/importance_weight", "/rerendered_turns", "/clipped", "episode/no_turns", "/entropy", "/distinct_answers")
+"""Metrics added since the recording: the pipeline's, the count of episodes without a model turn, per-role exploration."""
 
 
 COUNTED = ("step", "/turns", "/lr", "episode/failures", "/truncated_prompts")

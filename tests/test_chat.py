@@ -12,7 +12,8 @@ from unimas.controller.episodes import Controller
 from unimas.controller.router import Router
 from unimas.controller.specs import EpisodeSpec
 from unimas.groups.base import TrainTurn
-from unimas.preflight.validate import summary, validate
+from unimas.preflight.summary import summary
+from unimas.preflight.validate import validate
 from unimas.runtime.local import LocalTransport
 
 

@@ -31,7 +31,8 @@ def _prepare(args: argparse.Namespace) -> Experiment:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from unimas.preflight.validate import MAX_EPISODES_PER_STEP, summary
+    from unimas.preflight.summary import summary
+    from unimas.preflight.validate import MAX_EPISODES_PER_STEP
 
     if args.episodes > MAX_EPISODES_PER_STEP:
         raise UserError(f"{args.episodes} episodes; at most {MAX_EPISODES_PER_STEP} (each is held in memory)",
@@ -110,7 +111,7 @@ def _print_parameters(registry: Registry, kind: str) -> None:
 
 
 def _dry_run_placement(experiment: Experiment) -> int:
-    from unimas.preflight.validate import summary
+    from unimas.preflight.summary import summary
     from unimas.runtime.placement import placement_plan
 
     config = experiment.config
