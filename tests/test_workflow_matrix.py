@@ -112,7 +112,7 @@ def test_report_writes_only_between_the_markers(tmp_path):
     assert claim[1] == "holds"
     longer = [dict(run, tokens=300, steps=24) for run in runs if run["credit"] == "team"]
     workflow_report.write_docs(runs, results, tmp_path / "images", long_runs=longer)
-    assert "### Longer runs: shared vs separate, team reward, 3.0× the tokens" in results.read_text()
+    assert "### Longer runs: 3.0× the tokens" in results.read_text()
 
 
 def test_report_compares_only_seeds_every_cell_has():
