@@ -5,7 +5,8 @@ wide, heads of 32; ``--shape 0.5b``: Qwen2-0.5B's shape), a batch of
 ``--rows`` prompts (one per concurrent episode; ``--rows 64 256`` measures
 both) sampled for ``--new`` tokens each (EOS banned, so every row samples
 all of them, and both engines do the same work). Three ways, interleaved
-within each repetition (A B C, then C B A, ...):
+within each repetition (A B C, then C B A, ...), each timed call after a
+pause of :data:`PAUSE_S`:
 
 * ``torch``: the torch group's own sampler (``options.sampler: inplace``),
   its KV-cached batched decoding in this process;
@@ -43,10 +44,13 @@ from unimas.groups.torch import TorchModelGroup, TorchOptions
 from unimas.groups.vllm_engine import SampleSettings
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789:+= "
+PAUSE_S = 2.0
+"""Before each timed call: OpenMP threads of the previous call (torch's in this process, vLLM's in the engine) spin
+on for a while after it, on the cores the next call needs."""
 SHAPES = {
     "tiny": {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "max_positions": 512},
     "0.5b": {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "intermediate_size": 4864,
-             "max_positions": 512},
+             "max_positions": 512},  # Qwen2-0.5B's layers; the vocabulary is the char alphabet's, not 151,936
 }
 
 
@@ -118,6 +122,7 @@ def main() -> int:
         for repeat in range(args.repeats):
             order = list(runs) if repeat % 2 == 0 else list(reversed(runs))
             for name in order:
+                time.sleep(PAUSE_S)
                 speed, cpu = timed(runs[name], engine.pid)
                 speeds[name].append(speed)
                 cpus[name].append(cpu)
