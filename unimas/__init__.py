@@ -15,13 +15,13 @@ so the names that pull in pydantic models, the controller or the trainer
 ``tests/test_startup.py`` holds this.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
 from unimas.contract.protocols import Backend, DatasetFactory, EstimatorFn, ParserFactory, PolicyLossFn, Reward, Tool, Workflow
 from unimas.errors import ModelGroupError, ParseError, UserError
+from unimas.lazy_names import lazy_names
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from unimas.api import train
@@ -59,18 +59,7 @@ _LAZY = {
 """Public name -> the module that defines it, imported when the name is first read."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'unimas' has no attribute '{name}'")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later reads skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 __all__ = [
     "__version__",

@@ -17,8 +17,9 @@ so ``from unimas.methods import CreditShaper`` at the top of a plugin module
 costs nothing at discovery time.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from unimas.lazy_names import lazy_names
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from unimas.algorithms.credit import CreditedTurn
@@ -46,18 +47,7 @@ _LAZY = {
 """Public name -> the module that defines it, imported when the name is first read."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'unimas.methods' has no attribute '{name}'")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later reads skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 __all__ = [
     "RolloutControl",
