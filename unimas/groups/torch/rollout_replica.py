@@ -33,26 +33,25 @@ The child's side is :mod:`unimas.groups.torch.replica_main`.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
-import json
 import math
 import mmap
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
 from unimas.config.schema import GenerationConfig
 from unimas.groups.base import GroupSpec
+from unimas.groups.child_pipe import ChildPipe
 from unimas.groups.torch.state import RngState
 from unimas.safe_load import load_tensors, reading
 
@@ -162,32 +161,22 @@ class RolloutReplica:
         self._mapping, data, self._version = map_file(self.path, self.layout.size)
         self._views = views(data, self.layout)
         self.publish(model, version)
-        request_read, self._request_fd = os.pipe()
-        self._reply_fd, reply_write = os.pipe()
-        self._log: IO[bytes] = tempfile.TemporaryFile(prefix="unimas-replica-log-")
         init = {**child_spec(spec), "weights": self.path, "layout": self.layout.to_json()}
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "unimas.groups.torch.replica_main", str(request_read), str(reply_write),
-                 str(os.getpid())],
-                pass_fds=(request_read, reply_write), stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
-                env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()),
-                     "UNIMAS_TORCH_THREADS": str(torch.get_num_threads())})
-        except OSError:
-            Path(self.path).unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(request_read)
-            os.close(reply_write)
-        self._requests = os.fdopen(self._request_fd, "wb", buffering=0)
-        self._replies = os.fdopen(self._reply_fd, "rb")
-        self._finalizer = weakref.finalize(self, _stop, self.process, self._requests, self.path)
-        self._send(init)
-        self._ready = False
+        threads = str(torch.get_num_threads())
+        self._child = ChildPipe("unimas.groups.torch.replica_main",
+                                {**os.environ, "OMP_NUM_THREADS": threads, "UNIMAS_TORCH_THREADS": threads},
+                                lambda pid: f"the rollout process of model group '{spec.name}' (pid {pid}, "
+                                            "options.rollout_process)", RolloutProcessError,
+                                functools.partial(Path(self.path).unlink, missing_ok=True), stop_timeout=5)
+        self._child.send(init)
 
     @property
     def pid(self) -> int:
-        return self.process.pid
+        return self._child.pid
+
+    @property
+    def process(self) -> subprocess.Popen:
+        return self._child.process
 
     # ------------------------------------------------------------- weights
 
@@ -236,58 +225,18 @@ class RolloutReplica:
                 state = RngState.model_validate(load_tensors(directory / RNG_FILE)).generator
         self.set_generator_state(state)
 
-    def _send(self, message: dict[str, Any]) -> None:
-        try:
-            self._requests.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
-        except (BrokenPipeError, ValueError, OSError):
-            raise self._died("taking a request") from None
-
     def _call(self, message: dict[str, Any]) -> dict[str, Any]:
-        if not self._ready:
-            self._ready = bool(self._receive("starting").get("ready"))
-        self._send(message)
-        reply = self._receive(f"answering '{message['op']}'")
+        self._child.await_ready()
+        self._child.send(message)
+        reply = self._child.receive(f"answering '{message['op']}'")
         if "error" in reply:
             raise RolloutProcessError(f"the rollout process of model group '{self.group}' failed in {message['op']}: "
                                       f"{reply['error']}")
         return reply
 
-    def _receive(self, doing: str) -> dict[str, Any]:
-        line = self._replies.readline()
-        if not line:
-            raise self._died(doing)
-        return json.loads(line)
-
-    def _died(self, doing: str) -> RolloutProcessError:
-        try:
-            code = self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = None
-        self._log.seek(0)
-        tail = self._log.read().decode("utf-8", "replace").strip().splitlines()[-15:]
-        how = f"exited with code {code}" if code is not None else "closed its pipe"
-        return RolloutProcessError(
-            f"the rollout process of model group '{self.group}' (pid {self.pid}, options.rollout_process) {how} "
-            f"while {doing} (its last output: {tail[-1] if tail else 'none'})" + "".join(f"\n  {t}" for t in tail))
-
     def close(self) -> None:
         """Stop the child (its request pipe closes: it exits; killed if it has not within 5 s)."""
-        self._finalizer()
-        self._log.close()
-
-
-def _stop(process: subprocess.Popen, requests: IO[bytes], path: str) -> None:
-    """Close the child's request pipe, wait briefly, then kill it; remove the weight file if still there."""
-    try:
-        requests.close()
-    except OSError:
-        pass
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    Path(path).unlink(missing_ok=True)
+        self._child.close()
 
 
 def watch_parent(parent: int) -> None:

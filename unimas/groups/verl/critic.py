@@ -32,7 +32,6 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-import torch
 
 from unimas.errors import UserError
 from unimas.groups import role_gae
