@@ -99,7 +99,7 @@ RAY_STAND_IN = _use_ray_stand_in()  # before verl (or unimas) imports Ray
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, Qwen2Config  # noqa: E402
 
-from unimas.algorithms import functions as algorithms  # noqa: E402
+from unimas.algorithms import losses  # noqa: E402
 from unimas.config.schema import AlgorithmConfig, ModelGroupConfig, OptimConfig  # noqa: E402
 from unimas.contract.registry import build_registry  # noqa: E402
 from unimas.groups.base import GroupSpec, TrainTurn  # noqa: E402
@@ -133,7 +133,7 @@ def build_group(name: str, model_dir: str, dtype: str, seed: int) -> VerlModelGr
     config = ModelGroupConfig(backend="verl", options=options.model_dump(), optim=OptimConfig(lr=1e-4),
                               resources={"gpus": 0.5 if torch.cuda.is_available() else 0})
     algorithm = AlgorithmConfig(entropy_coef=0.0)
-    loss = algorithms.resolve_policy_loss(algorithm.loss, build_registry())
+    loss = losses.resolve_policy_loss(algorithm.loss, build_registry())
     spec = GroupSpec(name=name, config=config, options=options, adapters=[], seed=seed, algorithm=algorithm,
                      policy_loss=loss, total_updates=10)
     return VerlModelGroup.build(spec)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from gpu_check_verl import SHAPES, build_model_dir, emit, fixed_turns, max_abs  # noqa: E402
 
-from unimas.algorithms import functions as algorithms  # noqa: E402
+from unimas.algorithms import losses  # noqa: E402
 from unimas.config.schema import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig  # noqa: E402
 from unimas.groups.base import GenRequest, GroupSpec  # noqa: E402
 from unimas.groups.verl.group import VerlModelGroup  # noqa: E402
@@ -65,7 +65,7 @@ def build_group(name: str, model_dir: str, mode: str, seed: int) -> VerlModelGro
                               resources={"gpus": 0 if on_cpu else 0.5})
     algorithm = AlgorithmConfig(entropy_coef=0.0)
     spec = GroupSpec(name=name, config=config, options=options, adapters=[], seed=seed, algorithm=algorithm,
-                     policy_loss=algorithms.resolve_policy_loss(algorithm.loss, build_registry()), total_updates=10)
+                     policy_loss=losses.resolve_policy_loss(algorithm.loss, build_registry()), total_updates=10)
     return VerlModelGroup.build(spec)
 
 

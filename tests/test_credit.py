@@ -3,7 +3,7 @@ import pytest
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
 
 from unimas.algorithms.credit import CreditAssigner
-from unimas.algorithms.functions import Estimator
+from unimas.algorithms.estimators import Estimator
 from unimas.config.loading import config_from_dict
 from unimas.trajectory import GraphTrajectory, TurnNode
 

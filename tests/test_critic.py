@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from tests.conftest import EXAMPLES
 from tests.test_kill_resume import VOLATILE
 from tests.test_torch_backend import group_spec, make_group
-from unimas.algorithms import functions as algorithms
+from unimas.algorithms import estimators
 from unimas.algorithms.credit import CreditedTurn
 from unimas.cli import main
 from unimas.config.schema import CriticConfig, ModelGroupConfig, OptimConfig, RoleConfig
@@ -32,7 +32,7 @@ PPO = str(EXAMPLES / "quickstart_ppo.yaml")
 
 
 def gae():
-    return algorithms.resolve_estimator("gae", build_registry([]))
+    return estimators.resolve_estimator("gae", build_registry([]))
 
 
 # ------------------------------------------------ GAE over a role's turns, by hand

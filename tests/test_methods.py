@@ -19,7 +19,7 @@ from unimas_plugins.methods.replay import VerifiedSuccesses
 from unimas_plugins.methods.seeupo import ReverseExecution
 
 from unimas.algorithms.credit import CreditedTurn
-from unimas.algorithms.functions import resolve_policy_loss
+from unimas.algorithms.losses import resolve_policy_loss
 from unimas.config import plugin_params
 from unimas.contract.registry import build_registry
 from unimas.controller.specs import EpisodeSpec

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from unimas.algorithms import functions as algorithms
-from unimas.algorithms.functions import RoleObjective
+from unimas.algorithms import losses
+from unimas.algorithms.losses import RoleObjective
 from unimas.cli import main
 from unimas.config.schema import (AlgorithmConfig, EntropyWarningConfig, GenerationConfig, LoraConfig,
                                   ModelGroupConfig, OptimConfig, RoleConfig)
@@ -24,7 +24,7 @@ from unimas.training.exploration import CollapseWatch, distinct_answers
 
 def _lora_group(objectives: dict[str, RoleObjective]):
     """A tiny torch group with adapters x and y (one per role), no gradient clipping, these roles' terms."""
-    from unimas.algorithms.functions import resolve_policy_loss
+    from unimas.algorithms.losses import resolve_policy_loss
     from unimas.contract.registry import build_registry
     from unimas.groups.torch import TorchModelGroup, TorchOptions
 
@@ -77,9 +77,9 @@ def _logit_grads(model, vocab: int, objectives: dict[str, RoleObjective], settin
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     mask = torch.ones_like(logp)
     mask[1, -1] = 0.0  # rows of different lengths
-    weight, coef = algorithms.token_coefficients(objectives, ROLES, settings, logp)
-    policy = algorithms.policy_losses(SimpleNamespace(names=lambda kind: []))["vanilla"]
-    loss, _ = algorithms.compose_loss(policy, settings, log_prob=logp, old_log_prob=logp.detach(),
+    weight, coef = losses.token_coefficients(objectives, ROLES, settings, logp)
+    policy = losses.policy_losses(SimpleNamespace(names=lambda kind: []))["vanilla"]
+    loss, _ = losses.compose_loss(policy, settings, log_prob=logp, old_log_prob=logp.detach(),
                                       advantages=torch.tensor(ADVANTAGES)[:, None] * mask, response_mask=mask,
                                       entropy=entropy, token_weight=weight, entropy_coef=coef)
     loss.backward()
@@ -103,7 +103,7 @@ def test_a_roles_setting_changes_only_its_own_tokens_gradient_on_a_shared_model(
 def test_default_role_settings_leave_the_loss_as_it_was():
     model, vocab = _tiny_model(seed=4)
     settings = AlgorithmConfig(entropy_coef=0.03)
-    assert algorithms.token_coefficients({"other": RoleObjective(loss_weight=2.0)}, ROLES, settings,
+    assert losses.token_coefficients({"other": RoleObjective(loss_weight=2.0)}, ROLES, settings,
                                          torch.zeros(4, 1)) == (None, None)
     explicit = {"critic": RoleObjective(entropy_coef=0.03, loss_weight=1.0)}  # the group's own values, spelled out
     assert torch.allclose(_logit_grads(model, vocab, explicit, settings), _logit_grads(model, vocab, {}, settings),
@@ -134,38 +134,38 @@ def test_a_roles_entropy_coef_moves_only_its_own_lora_adapter():
 def test_role_entropy_is_each_roles_token_mean():
     entropy = torch.tensor([[1.0, 3.0, 9.0], [0.5, 0.0, 0.0], [2.0, 2.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
-    assert algorithms.role_entropy(entropy, mask, ["a", "b", "a"]) == pytest.approx(
+    assert losses.role_entropy(entropy, mask, ["a", "b", "a"]) == pytest.approx(
         {"role/a/entropy": 2.0, "role/b/entropy": 0.5})
 
 
 def test_the_verl_loss_gets_the_same_per_role_terms():
     """The verl backend's loss (unimas_loss over verl's packed batch) equals compose_loss with the roles' terms."""
     from unimas.groups.base import TrainTurn
-    from unimas.groups.verl import batch
+    from unimas.groups.verl import turn_rows
     from unimas.groups.verl.loss import unimas_loss
 
     turns = [TrainTurn([5, 6], [7, 8], [], 1.0, role="critic"), TrainTurn([9], [10], [], -1.0, role="proposer")]
     settings = AlgorithmConfig(entropy_coef=0.01)
     objectives = {"critic": RoleObjective(entropy_coef=0.4, loss_weight=2.0)}
-    rows = batch.layout(turns, 0, size=3)
-    extra = {"old_log_probs": batch.response_rows([[-1.0, -2.0], [-0.5]], rows)}
-    extra.update(batch.role_coefficients(turns, rows, objectives, settings))
+    rows = turn_rows.layout(turns, 0, size=3)
+    extra = {"old_log_probs": turn_rows.response_rows([[-1.0, -2.0], [-0.5]], rows)}
+    extra.update(turn_rows.role_coefficients(turns, rows, objectives, settings))
     assert set(extra) == {"old_log_probs", "token_weight", "entropy_coef"}
-    data = batch.engine_input(rows, extra, compute_loss=True)
+    data = turn_rows.engine_input(rows, extra, compute_loss=True)
     from tensordict import TensorDict
 
     packed = data["input_ids"].float() * -0.1  # stands for the engine's per-token outputs, packed like its inputs
     output = TensorDict({"log_probs": packed, "entropy": -packed}, batch_size=[3])
-    policy = algorithms.policy_losses(SimpleNamespace(names=lambda kind: []))["vanilla"]
+    policy = losses.policy_losses(SimpleNamespace(names=lambda kind: []))["vanilla"]
     loss, _ = unimas_loss(policy, settings, output, data)
-    log_prob = batch.to_rows(output, "log_probs", data)
+    log_prob = turn_rows.to_rows(output, "log_probs", data)
     mask = rows.tensors["response_mask"].float()
-    weight, coef = algorithms.token_coefficients(objectives, ["critic", "proposer", ""], settings, log_prob)
-    expected, _ = algorithms.compose_loss(policy, settings, log_prob=log_prob, old_log_prob=extra["old_log_probs"],
+    weight, coef = losses.token_coefficients(objectives, ["critic", "proposer", ""], settings, log_prob)
+    expected, _ = losses.compose_loss(policy, settings, log_prob=log_prob, old_log_prob=extra["old_log_probs"],
                                           advantages=rows.tensors["advantages"], response_mask=mask,
-                                          entropy=batch.to_rows(output, "entropy", data), token_weight=weight,
+                                          entropy=turn_rows.to_rows(output, "entropy", data), token_weight=weight,
                                           entropy_coef=coef)
-    plain, _ = unimas_loss(policy, settings, output, batch.engine_input(rows, {"old_log_probs": extra["old_log_probs"]},
+    plain, _ = unimas_loss(policy, settings, output, turn_rows.engine_input(rows, {"old_log_probs": extra["old_log_probs"]},
                                                                          compute_loss=True))
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
     assert float(loss) != pytest.approx(float(plain), rel=1e-3)

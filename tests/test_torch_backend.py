@@ -1,4 +1,4 @@
-"""Tests of the in-process torch backend and its char tokenizer, and the shared loss in ``unimas.algorithms.functions``.
+"""Tests of the in-process torch backend and its char tokenizer, and the shared loss in ``unimas.algorithms.losses``.
 
 Every test checks a property a broken implementation would violate: equal
 log-probs under padding and between sampling and training, EOS handling,
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from transformers import AutoTokenizer
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, get_policy_loss_fn
 
-from unimas.algorithms import functions as algorithms
+from unimas.algorithms import estimators, losses
 from unimas.config.schema import AlgorithmConfig, GenerationConfig, LoraConfig, ModelGroupConfig, OptimConfig
 from unimas.groups.base import GenRequest, GroupSpec, TrainTurn
 from unimas.groups.hf.chars import build_char_tokenizer
@@ -444,7 +444,7 @@ def test_vocabulary_lists_tokens_without_building_a_model(tmp_path):
 
 
 def test_estimator_facts_come_from_the_signature():
-    grpo = algorithms.Estimator.from_function("grpo", compute_grpo_outcome_advantage, "verl")
+    grpo = estimators.Estimator.from_function("grpo", compute_grpo_outcome_advantage, "verl")
     assert grpo.group_normalised and not grpo.needs_critic and grpo.usable
     scores = torch.tensor([[1.0], [0.0], [1.0], [0.0], [0.5], [0.5]])
     index = np.array(["x", "x", "y", "y", "z", "z"], dtype=object)
@@ -457,9 +457,9 @@ def test_estimator_facts_come_from_the_signature():
     def needs_baselines(token_level_rewards, reward_baselines, response_mask, config=None):
         raise AssertionError("never called")
 
-    critic = algorithms.Estimator.from_function("gae_like", needs_values, "test")
+    critic = estimators.Estimator.from_function("gae_like", needs_values, "test")
     assert critic.needs_critic and not critic.usable and not critic.group_normalised
-    remax = algorithms.Estimator.from_function("remax_like", needs_baselines, "test")
+    remax = estimators.Estimator.from_function("remax_like", needs_baselines, "test")
     assert remax.missing_inputs == ("reward_baselines",) and not remax.usable
 
 
@@ -471,7 +471,7 @@ def test_compose_loss_is_policy_minus_entropy_plus_kl():
     advantages = torch.tensor([[1.0], [-0.5], [2.0]]) * mask
     entropy = torch.rand(3, 4)
     settings = AlgorithmConfig(entropy_coef=0.01, kl_coef=0.1, kl_type="low_var_kl")
-    loss, metrics = algorithms.compose_loss(get_policy_loss_fn("vanilla"), settings, log_prob=log_prob,
+    loss, metrics = losses.compose_loss(get_policy_loss_fn("vanilla"), settings, log_prob=log_prob,
                                             old_log_prob=log_prob.detach(), advantages=advantages,
                                             response_mask=mask, entropy=entropy, ref_log_prob=reference)
 
@@ -486,12 +486,12 @@ def test_compose_loss_is_policy_minus_entropy_plus_kl():
     assert metrics["policy_loss"] == pytest.approx(float(policy), abs=1e-6)
     assert metrics["kl"] == pytest.approx(float(token_mean(low_var_kl)), abs=1e-6)
     assert metrics["clip_frac"] == 0.0 and metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-7)
-    plain, _ = algorithms.compose_loss(get_policy_loss_fn("vanilla"), AlgorithmConfig(), log_prob=log_prob,
+    plain, _ = losses.compose_loss(get_policy_loss_fn("vanilla"), AlgorithmConfig(), log_prob=log_prob,
                                        old_log_prob=log_prob.detach(), advantages=advantages,
                                        response_mask=mask, entropy=entropy)
     plain.backward()
     torch.testing.assert_close(log_prob.grad, -advantages / mask.sum())
     with pytest.raises(ValueError, match="reference"):
-        algorithms.compose_loss(get_policy_loss_fn("vanilla"), settings, log_prob=log_prob,
+        losses.compose_loss(get_policy_loss_fn("vanilla"), settings, log_prob=log_prob,
                                 old_log_prob=log_prob.detach(), advantages=advantages, response_mask=mask,
                                 entropy=entropy)

@@ -17,7 +17,8 @@ import torch
 
 from tests.conftest import EXAMPLES, REPO
 from unimas.algorithms import verl_catalog
-from unimas.algorithms.functions import estimators, policy_losses
+from unimas.algorithms.estimators import estimators
+from unimas.algorithms.losses import policy_losses
 from unimas.contract.registry import build_registry
 
 

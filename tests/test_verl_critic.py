@@ -25,7 +25,7 @@ from unimas.config.loading import config_from_dict
 from unimas.contract.registry import build_registry
 from unimas.errors import UserError
 from unimas.groups.base import TrainTurn
-from unimas.groups.verl import batch as rows_of
+from unimas.groups.verl import turn_rows
 from unimas.runtime.build import build_group
 
 TINY = {"architecture": "qwen2", "alphabet": "SL:abcdefgh", "hidden_size": 32, "num_layers": 2, "num_heads": 4,
@@ -118,7 +118,7 @@ def test_the_centralized_critics_step_values_turns_after_their_context(learner):
 
 def test_layout_puts_a_critics_per_token_advantages_on_each_token():
     turns = [TrainTurn([4, 5], [6, 7, 8], [], 0.5, token_advantages=[0.1, -0.2, 0.3]), TrainTurn([4], [6], [], 2.0)]
-    rows = rows_of.layout(turns, 0, 3)
+    rows = turn_rows.layout(turns, 0, 3)
     expected = torch.tensor([[0.1, -0.2, 0.3], [2.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     assert torch.equal(rows.tensors["advantages"], expected)
 

@@ -23,7 +23,7 @@ from unimas.lazy_names import lazy_names
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     from unimas.algorithms.credit import CreditedTurn
-    from unimas.algorithms.functions import agg_loss
+    from unimas.algorithms.losses import agg_loss
     from unimas.contract.protocols import CreditShaper, ReplayBuffer, RolloutControl, RolloutSession, UpdateOrder
     from unimas.controller.forking import surprisal
     from unimas.controller.specs import EpisodeSpec
@@ -42,7 +42,7 @@ _LAZY = {
     "episode_return": "unimas.training.session",
     "by_task": "unimas.training.session",
     "surprisal": "unimas.controller.forking",
-    "agg_loss": "unimas.algorithms.functions",
+    "agg_loss": "unimas.algorithms.losses",
 }
 """Public name -> the module that defines it, imported when the name is first read."""
 

@@ -28,7 +28,7 @@ stages, writing each turn's ``reward`` and ``advantage`` exactly once:
    ``role_turn``: also split by the role's turn index; ``trajectory``: all
    turns of the task's G episodes together.
 3. **Estimation**: the turns' rewards go through the estimator (plugin or
-   verl, see :mod:`unimas.algorithms.functions`) as a ``(turns, 1)`` tensor; the
+   verl, see :mod:`unimas.algorithms.estimators`) as a ``(turns, 1)`` tensor; the
    backend broadcasts each advantage over the turn's response tokens.
 
 The diagnostics (per-reward per-role means, zero-variance groups, advantage
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import numpy as np
 
 from unimas.algorithms import verl_catalog
-from unimas.algorithms.functions import Estimator
+from unimas.algorithms.estimators import Estimator
 from unimas.config.schema import ExperimentConfig, RewardConfig
 from unimas.errors import UserError, describe
 from unimas.trajectory import GraphTrajectory, TurnNode

@@ -6,7 +6,7 @@ hub's and the spokes' types (``EpisodeContext``, ``ModelGroup``), so the
 contract sits above the controller and the groups, and the algorithm hooks'
 protocols name ``CreditedTurn`` (algorithms); the layers below it that look
 plugins up by name take any table of the right shape
-(:class:`unimas.algorithms.functions.PluginTable`).
+(:class:`unimas.algorithms.estimators.PluginTable`).
 
 May import: algorithms, controller, errors, groups, trajectory.
 """

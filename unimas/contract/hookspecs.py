@@ -211,7 +211,7 @@ def unimas_policy_losses() -> dict[str, PolicyLossFn]:
     on ``(turns, tokens)`` tensors; ``config`` is a verl ``ActorConfig`` with
     the clip ratios. ``algorithm.loss`` (or ``models.<group>.algorithm.loss``)
     names it; unimas adds the entropy bonus and the KL term around it (see
-    :func:`unimas.algorithms.functions.compose_loss`), in every backend. Keyword-only
+    :func:`unimas.algorithms.losses.compose_loss`), in every backend. Keyword-only
     arguments (after ``*``) are the loss's own parameters, set with
     ``algorithm.loss_params`` and checked against their type annotations.
 

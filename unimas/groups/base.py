@@ -187,12 +187,12 @@ class GroupSpec:
     policy_loss: Any = None
     """The resolved policy-loss function (plugin or verl) for ``algorithm.loss``."""
     estimator: Any = None
-    """The resolved estimator (:class:`unimas.algorithms.functions.Estimator`) when the group has a critic: it computes
+    """The resolved estimator (:class:`unimas.algorithms.estimators.Estimator`) when the group has a critic: it computes
     token-level advantages from the critic's values inside the group."""
     total_updates: int = 0
     """Updates the run will make (``trainer.steps``): the horizon of learning-rate schedules."""
     role_objectives: dict[str, Any] = field(default_factory=dict)
-    """Roles on this group with their own loss terms (:class:`unimas.algorithms.functions.RoleObjective` by
+    """Roles on this group with their own loss terms (:class:`unimas.algorithms.losses.RoleObjective` by
     role name, ``roles.<role>.entropy_coef`` / ``loss_weight``); empty: one objective for all its turns."""
 
 

@@ -33,7 +33,7 @@ import torch
 from unimas.groups.base import TrainTurn
 
 if TYPE_CHECKING:
-    from unimas.algorithms.functions import Estimator
+    from unimas.algorithms.estimators import Estimator
 
 
 def role_sequences(turns: Sequence[TrainTurn]) -> list[list[int]]:

@@ -12,20 +12,19 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from unimas.algorithms import functions as algorithms
-
-from unimas.training import central_critic
-
+from unimas.algorithms.estimators import estimators as known_estimators
+from unimas.algorithms.losses import policy_losses as known_policy_losses
 from unimas.config import plugin_params
 from unimas.config.schema import ExperimentConfig, RoleConfig
 from unimas.contract.protocols import (Backend, CreditShaper, ReplayBuffer, RolloutControl, UpdateOrder, capability,
                                        declares)
 from unimas.contract.registry import Registry, build_registry, singular
 from unimas.errors import UserError
-from unimas.groups.verl import plan as verl_plan
+from unimas.groups.verl import preflight as verl_preflight
 from unimas.preflight import references
 from unimas.preflight.role_settings import role_objective_problems
 from unimas.runtime.build import backend_options
+from unimas.training import central_critic
 from unimas.training.experiment import Experiment, make_parser
 from unimas.workflow.graph import check_graph
 from unimas.workflow.templates import render, template_fields
@@ -52,7 +51,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
     problems: list[tuple[str, str]] = []
     add = lambda where, message: problems.append((where, message))  # noqa: E731
 
-    losses = algorithms.policy_losses(registry)
+    losses = known_policy_losses(registry)
     for name, group in config.models.items():
         if not registry.has("backends", group.backend):
             add(f"models.{name}.backend", f"unknown backend '{group.backend}'; registered: "
@@ -71,7 +70,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             add(where, f"unknown policy loss '{loss}'; known: {', '.join(sorted(losses))}{registry.broken_hint()}")
         if group.snapshot is not None:
             problems.extend(_snapshot_problems(config, name))
-    problems.extend(verl_plan.config_problems(config))
+    problems.extend(verl_preflight.config_problems(config))
     problems.extend(_scale_problems(config))
     problems.extend(references.critic_path_problems(config) + references.credit_channel_problems(config))
 
@@ -146,7 +145,7 @@ def check_config(config: ExperimentConfig, registry: Registry) -> list[tuple[str
             f"{', '.join(registry.names('datasets'))}{registry.broken_hint()}")
 
     algo = config.algorithm
-    estimators = algorithms.estimators(registry)
+    estimators = known_estimators(registry)
     estimator = estimators.get(algo.estimator)
     if estimator is None:
         add("algorithm.estimator", f"unknown estimator '{algo.estimator}'; known: {', '.join(sorted(estimators))}"
@@ -265,7 +264,7 @@ def forks_episodes(field: str, factory: Any) -> bool:
 
 def takes_values(config: ExperimentConfig, registry: Registry) -> bool:
     """Whether the run's estimator reads a critic's values (``gae``)."""
-    estimator = algorithms.estimators(registry).get(config.algorithm.estimator)
+    estimator = known_estimators(registry).get(config.algorithm.estimator)
     return estimator is not None and estimator.needs_critic
 
 

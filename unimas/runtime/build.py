@@ -6,7 +6,7 @@ import zlib
 
 from pydantic import ValidationError
 
-from unimas.algorithms import functions as algorithms
+from unimas.algorithms import estimators, losses
 from unimas.config.schema import ExperimentConfig
 from unimas.contract.registry import Registry
 from unimas.errors import UserError
@@ -42,16 +42,16 @@ def group_spec(config: ExperimentConfig, registry: Registry, name: str) -> Group
     group = config.models[name]
     params_where = (f"models.{name}.algorithm.loss_params" if group.algorithm.loss_params is not None
                     else "algorithm.loss_params")
-    policy_loss = (algorithms.resolve_policy_loss(algorithm.loss, registry, where=f"models.{name}.algorithm.loss",
+    policy_loss = (losses.resolve_policy_loss(algorithm.loss, registry, where=f"models.{name}.algorithm.loss",
                                                   params=algorithm.loss_params, params_where=params_where)
                    if group.trainable else None)
-    estimator = (algorithms.resolve_estimator(config.algorithm.estimator, registry, config.algorithm.estimator_params)
+    estimator = (estimators.resolve_estimator(config.algorithm.estimator, registry, config.algorithm.estimator_params)
                  if group.trainable and group.critic is not None else None)
     return GroupSpec(name=name, config=group, options=backend_options(config, registry, name),
                      adapters=adapters_of(config, name), seed=group_seed(config.trainer.seed, name),
                      algorithm=algorithm, policy_loss=policy_loss, estimator=estimator,
                      total_updates=config.trainer.steps,
-                     role_objectives=algorithms.role_objectives(config.roles, name))
+                     role_objectives=losses.role_objectives(config.roles, name))
 
 
 def build_group(config: ExperimentConfig, registry: Registry, name: str) -> ModelGroup:

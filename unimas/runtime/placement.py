@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from unimas.config.schema import ExperimentConfig, ModelGroupConfig
 from unimas.errors import UserError
-from unimas.groups.verl import plan as verl_plan
+from unimas.groups.verl import preflight as verl_preflight
 
 GIB = 2**30
 EPS = 1e-9
@@ -32,7 +32,7 @@ Resources = dict[str, float]
 def group_need(group: ModelGroupConfig) -> Resources:
     """What one group reserves, in Ray's units: its actor, plus a CPU bundle per rank of a verl worker group."""
     res = group.resources
-    return {"CPU": res.cpus + verl_plan.rank_cpus(group), "GPU": res.gpus, "memory": (res.memory_gb or 0.0) * GIB,
+    return {"CPU": res.cpus + verl_preflight.rank_cpus(group), "GPU": res.gpus, "memory": (res.memory_gb or 0.0) * GIB,
             **res.custom}
 
 
@@ -175,7 +175,7 @@ def placement_plan(config: ExperimentConfig, available: Resources | None = None,
     for name, group in sorted(config.models.items()):
         where = f" -> {assigned[name].describe()}" if name in assigned else ""
         lines.append(f"  model group {name}: {describe(group_need(group))}{where}")
-    lines.extend(verl_plan.plan_lines(config))
+    lines.extend(verl_preflight.plan_lines(config))
     lines.append(f"  total: {describe(need)}")
     if available is not None:
         count = f" on {len(nodes)} node{'s' if len(nodes) != 1 else ''}" if nodes else ""

@@ -45,7 +45,7 @@ from unimas.config.schema import ExperimentConfig, ModelGroupConfig, RuntimeConf
 from unimas.contract.registry import build_registry
 from unimas.errors import ModelGroupError, UserError
 from unimas.groups.base import Critique, GenRequest, GenResult, TrainTurn
-from unimas.groups.verl import plan as verl_plan
+from unimas.groups.verl import preflight as verl_preflight
 from unimas.process import ray_workers_at_normal_priority, torch_setup
 from unimas.runtime.build import build_group
 from unimas.runtime.placement import describe, fits_some_node, group_need, placement_plan
@@ -240,7 +240,7 @@ class RayTransport:
 
         Each actor rebuilds the plugin registry from ``config.plugins`` in its own process.
         """
-        cpus = sum(group.resources.cpus + verl_plan.rank_cpus(group) for group in config.models.values())
+        cpus = sum(group.resources.cpus + verl_preflight.rank_cpus(group) for group in config.models.values())
         owns_ray = connect(config.runtime, cpus)
         tree = config.model_dump(mode="json", by_alias=True)
         driver_path = [p or os.getcwd() for p in sys.path]  # "" is the cwd of `python -m unimas.cli`
@@ -251,7 +251,7 @@ class RayTransport:
             # its own locks order them
             overlap = config.algorithm_for(name).max_staleness > 0
             # a verl worker group's ranks take the group's GPUs themselves; its actor only drives them
-            gpus = 0 if verl_plan.ranks_on_ray(config.models[name]) else res.gpus
+            gpus = 0 if verl_preflight.ranks_on_ray(config.models[name]) else res.gpus
             options: dict[str, Any] = {"num_cpus": res.cpus, "num_gpus": gpus, "max_restarts": 0,
                                        "max_concurrency": 2 if overlap else 1}
             if res.memory_gb:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from unimas.algorithms.credit import reward_keys
-from unimas.algorithms.functions import Estimator, resolve_estimator
+from unimas.algorithms.estimators import Estimator, resolve_estimator
 from unimas.config.schema import ExperimentConfig, ParserConfig
 from unimas.contract.registry import Registry, build_registry
 from unimas.errors import UserError, describe

@@ -4,7 +4,7 @@ A role whose policy collapses (a critic that stopped sampling its reject token) 
 compare: every episode of a task gets the same answer, the group's advantages are zero, and the role stops
 learning while the run looks healthy. Two numbers show it (docs/metrics.md): ``role/<role>/entropy``, the
 mean token entropy of the role's trained turns (reported by its model group's update,
-:func:`unimas.algorithms.functions.role_entropy`), and ``role/<role>/distinct_answers``, computed here from
+:func:`unimas.algorithms.losses.role_entropy`), and ``role/<role>/distinct_answers``, computed here from
 the step's episodes. :class:`CollapseWatch` turns a low entropy that lasts into one warning per role,
 naming the per-role setting that counters it (``roles.<role>.entropy_coef``).
 """

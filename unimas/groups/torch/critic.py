@@ -42,7 +42,7 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from unimas.algorithms import functions as algorithms
+from unimas.algorithms import losses
 from unimas.config.schema import CriticConfig
 from unimas.errors import UserError
 from unimas.groups import role_gae
@@ -191,7 +191,7 @@ class Critic:
         """One AdamW step on verl's clipped value loss over one mini-batch; a non-finite step is dropped."""
         values, response_mask = _values(self.model, turns, batches)
         width = values.shape[1]
-        loss, clip_frac = algorithms.value_loss(values, pad_rows(old, width, self.device),
+        loss, clip_frac = losses.value_loss(values, pad_rows(old, width, self.device),
                                                 pad_rows(returns, width, self.device), response_mask,
                                                 self.config.value_clip, self.spec.algorithm.loss_agg_mode)
         self.optimizer.zero_grad(set_to_none=True)

@@ -1,7 +1,7 @@
 """A torch group's learner: the optimiser, its schedule, and the PPO/GRPO update as methods.
 
 The objective itself is not written here: every mini-batch calls
-:func:`unimas.algorithms.functions.compose_loss`, the one loss composition all
+:func:`unimas.algorithms.losses.compose_loss`, the one loss composition all
 backends share. :class:`TorchLearner` only produces its inputs (current, old
 and reference log-probs from the policy, entropies, per-token advantages),
 runs the optimiser, and owns what an update remembers between its passes:
@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from unimas.algorithms import functions as algorithms
+from unimas.algorithms import losses
 from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import UPDATE_METRICS, Critique, GroupSpec, TrainTurn
 from unimas.groups.hf.layout import pad_rows
@@ -226,7 +226,7 @@ class TorchLearner:
         reference = policy.reference_logprobs(turns, self.batches) if algorithm.kl_coef > 0 else None
         logp, entropy, mask = policy.logprobs(turns, [t.adapter for t in turns], self.batches, entropy=True)
         roles = [t.role for t in turns]
-        weight, coefs = algorithms.token_coefficients(self.spec.role_objectives, roles, algorithm, logp)
+        weight, coefs = losses.token_coefficients(self.spec.role_objectives, roles, algorithm, logp)
         if algorithm.entropy_coef <= 0 and coefs is None:
             entropy = entropy.detach()
         width = mask.shape[1]
@@ -250,11 +250,11 @@ class TorchLearner:
             ratio = (old_logp[stale] - recorded).exp().clamp(max=algorithm.importance_cap)
             advantages[stale] = advantages[stale] * ratio
             diff["importance_weight"] = float((ratio * mask[stale]).sum() / mask[stale].sum())
-        loss, metrics = algorithms.compose_loss(self.spec.policy_loss, algorithm, log_prob=logp,
+        loss, metrics = losses.compose_loss(self.spec.policy_loss, algorithm, log_prob=logp,
                                                 old_log_prob=old_logp, advantages=advantages, response_mask=mask,
                                                 entropy=entropy, ref_log_prob=reference, token_weight=weight,
                                                 entropy_coef=coefs)
-        metrics.update(algorithms.role_entropy(entropy, mask, roles))
+        metrics.update(losses.role_entropy(entropy, mask, roles))
         rows = self._adapter_rows(turns)
         metrics.update(self._adapter_loss_metrics(rows, algorithm, log_prob=logp, old_log_prob=old_logp,
                                                   advantages=advantages, response_mask=mask, entropy=entropy,
@@ -291,7 +291,7 @@ class TorchLearner:
         with torch.no_grad():
             for adapter, index in rows.items():
                 part = {name: None if t is None else t.detach()[index] for name, t in tensors.items()}
-                _, own = algorithms.compose_loss(self.spec.policy_loss, algorithm, **part)
+                _, own = losses.compose_loss(self.spec.policy_loss, algorithm, **part)
                 metrics.update({f"adapter/{adapter}/{key}": value for key, value in own.items()})
         return metrics
 

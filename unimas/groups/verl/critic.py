@@ -37,7 +37,7 @@ from unimas.errors import UserError
 from unimas.groups import role_gae
 from unimas.groups.base import Critique, GroupSpec, TrainTurn
 from unimas.groups.critic_common import METRICS, advantage_spread, value_statistics, with_context
-from unimas.groups.verl import batch as rows_of
+from unimas.groups.verl import turn_rows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -89,12 +89,12 @@ class VerlCritic:
         return {**dict.fromkeys((f"critic/{key}" for key in METRICS), 0.0),
                 "critic/lr": self.trainer.critic_learning_rate()}
 
-    def _rows(self, turns: Sequence[TrainTurn]) -> tuple[rows_of.Rows, int]:
+    def _rows(self, turns: Sequence[TrainTurn]) -> tuple[turn_rows.Rows, int]:
         """The turns as padded rows (a multiple of the mini-batch, split evenly over the ranks), and the
         mini-batch size."""
         ranks = self.trainer.ranks
-        mini = rows_of.padded_size(min(self.spec.algorithm.mini_batch_size or len(turns), len(turns)), ranks)
-        return rows_of.layout(turns, self.pad_id, rows_of.padded_size(len(turns), mini)), mini
+        mini = turn_rows.padded_size(min(self.spec.algorithm.mini_batch_size or len(turns), len(turns)), ranks)
+        return turn_rows.layout(turns, self.pad_id, turn_rows.padded_size(len(turns), mini)), mini
 
     def values(self, turns: Sequence[TrainTurn]) -> list[list[float]]:
         """Each turn's per-token values under the current critic."""
@@ -112,7 +112,7 @@ class VerlCritic:
         advantages, returns = role_gae.gae_over_turns(self.spec.estimator, turns, old, algorithm.gamma,
                                                       algorithm.lam, algorithm.gae_reward)
         lr = trainer.critic_learning_rate()
-        extra = {"old_values": rows_of.response_rows(old, rows), "returns": rows_of.response_rows(returns, rows)}
+        extra = {"old_values": turn_rows.response_rows(old, rows), "returns": turn_rows.response_rows(returns, rows)}
         trained = trainer.train_critic(
             rows, extra, calculate_entropy=False, compute_loss=True, global_batch_size=rows.size,
             mini_batch_size=mini, epochs=algorithm.ppo_epochs, seed=self.spec.seed + self.updates,

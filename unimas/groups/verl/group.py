@@ -6,7 +6,7 @@ in_process``) or on a Ray worker group of ``options.world_size`` ranks
 
 * the **actor**: verl's engine (FSDP2; gloo on CPU through :mod:`.patches`,
   NCCL on GPU) that computes log-probs and runs the PPO/GRPO mini-batch loop.
-  Its loss is :func:`unimas.algorithms.functions.compose_loss`, the composition every
+  Its loss is :func:`unimas.algorithms.losses.compose_loss`, the composition every
   backend shares, fed with unimas's advantages (the credit
   path); verl's own advantage estimators are never called;
 * the **reference** (only with ``kl_coef > 0``): a forward-only
@@ -56,10 +56,10 @@ from unimas.groups.hf import sampling
 from unimas.groups.hf import source as source_of
 from unimas.groups.lora import check_target_modules
 from unimas.groups.results import bucket_key, is_refused, refused_result
-from unimas.groups.verl import batch as rows_of
+from unimas.groups.verl import turn_rows
 from unimas.groups.verl import checkpoint, critic, lora, patches, prompts
 from unimas.groups.verl.options import VerlOptions, translate
-from unimas.groups.verl.plan import group_problems
+from unimas.groups.verl.preflight import group_problems
 from unimas.groups.verl.workers import InProcessTrainer
 
 SYNC_PROBE_TURNS, SYNC_PROBE_TOKENS = 4, 4
@@ -194,14 +194,14 @@ class VerlModelGroup(ModelGroup):
 
     def trainer_logprobs(self, turns: list[TrainTurn], reference: bool = False) -> list[list[float]]:
         """Per-token log-probs of the turns' responses under the actor (or reference), at each turn's temperature."""
-        rows = rows_of.layout(turns, self.pad_id, rows_of.padded_size(len(turns), self.trainer.ranks))
+        rows = turn_rows.layout(turns, self.pad_id, turn_rows.padded_size(len(turns), self.trainer.ranks))
         return [row[: len(t.response_ids)] for row, t in zip(self._logprobs(rows, reference).tolist(), turns)]
 
     def score(self, turns: list[TrainTurn]) -> list[float]:
         with self._train_lock:
             return [sum(row) for row in self.trainer_logprobs(turns)] if turns else []
 
-    def _logprobs(self, rows: rows_of.Rows, reference: bool = False) -> Optional[torch.Tensor]:
+    def _logprobs(self, rows: turn_rows.Rows, reference: bool = False) -> Optional[torch.Tensor]:
         # Without a token budget, one forward for the whole batch (verl needs micro-batches that divide it).
         per_rank = rows.size // self.trainer.ranks
         batching = {} if self.spec.options.dynamic_batch_size else {"micro_batch_size_per_gpu": per_rank}
@@ -311,17 +311,17 @@ class VerlModelGroup(ModelGroup):
         start = time.perf_counter()
         algorithm = self.spec.algorithm
         ranks = self.trainer.ranks  # every mini-batch is split evenly over the ranks
-        mini = rows_of.padded_size(min(algorithm.mini_batch_size or len(turns), len(turns)), ranks)
-        rows = rows_of.layout(turns, self.pad_id, rows_of.padded_size(len(turns), mini))
+        mini = turn_rows.padded_size(min(algorithm.mini_batch_size or len(turns), len(turns)), ranks)
+        rows = turn_rows.layout(turns, self.pad_id, turn_rows.padded_size(len(turns), mini))
         old = self._logprobs(rows)
         stale = [t.weight_version is not None and t.weight_version < self.weight_version for t in turns]
         exact = [t.rollout_logprobs_exact and len(t.rollout_logprobs) == len(t.response_ids) and not late
                  for t, late in zip(turns, stale)]
-        sampled = rows_of.response_rows([t.rollout_logprobs if ok else [] for t, ok in zip(turns, exact)], rows)
-        known = rows_of.response_rows([[1.0] * len(t.response_ids) if ok else [] for t, ok in zip(turns, exact)], rows)
+        sampled = turn_rows.response_rows([t.rollout_logprobs if ok else [] for t, ok in zip(turns, exact)], rows)
+        known = turn_rows.response_rows([[1.0] * len(t.response_ids) if ok else [] for t, ok in zip(turns, exact)], rows)
         mismatch = float(((old - sampled).abs() * known).max()) if any(exact) else 0.0
         importance = self._reweight_stale(rows, old, turns, stale)
-        extra = {"old_log_probs": old, **rows_of.role_coefficients(turns, rows, self.spec.role_objectives, algorithm)}
+        extra = {"old_log_probs": old, **turn_rows.role_coefficients(turns, rows, self.spec.role_objectives, algorithm)}
         if self.configs.reference is not None:
             extra["ref_log_prob"] = self._logprobs(rows, reference=True)
         lr = self._lr()
@@ -345,15 +345,15 @@ class VerlModelGroup(ModelGroup):
                        importance_weight=importance, weight_version=float(self.weight_version))
         return metrics
 
-    def _reweight_stale(self, rows: rows_of.Rows, old: torch.Tensor, turns: list[TrainTurn],
+    def _reweight_stale(self, rows: turn_rows.Rows, old: torch.Tensor, turns: list[TrainTurn],
                         stale: list[bool]) -> float:
         """Scale stale turns' advantages by the truncated importance ratio; its mean over their tokens (1 if none)."""
         behaviour = [t.rollout_logprobs if late and len(t.rollout_logprobs) == len(t.response_ids) else []
                      for t, late in zip(turns, stale)]
-        mask = rows_of.response_rows([[1.0] * len(b) for b in behaviour], rows)
+        mask = turn_rows.response_rows([[1.0] * len(b) for b in behaviour], rows)
         if not mask.any():
             return 1.0
-        ratio = (old - rows_of.response_rows(behaviour, rows)).exp().clamp(max=self.spec.algorithm.importance_cap)
+        ratio = (old - turn_rows.response_rows(behaviour, rows)).exp().clamp(max=self.spec.algorithm.importance_cap)
         ratio = torch.where(mask > 0, ratio, torch.ones_like(ratio))
         rows.tensors["advantages"] = rows.tensors["advantages"] * ratio
         return float((ratio * mask).sum() / mask.sum())

@@ -36,7 +36,7 @@ import torch
 
 from unimas.errors import UserError
 from unimas.groups.base import GroupSpec
-from unimas.groups.verl import batch as rows_of
+from unimas.groups.verl import turn_rows
 from unimas.groups.verl import checkpoint, lora, patches
 from unimas.groups.verl.loss import unimas_loss, unimas_value_loss
 from unimas.groups.verl.options import SERVER_ROLLOUT
@@ -48,7 +48,7 @@ WORKER_SETUP = "unimas.groups.verl.worker_setup"
 def _metrics(output: Any) -> dict[str, float]:
     from verl.utils import tensordict_utils as tu
 
-    return rows_of.mean_metrics(tu.get(output, "metrics"))
+    return turn_rows.mean_metrics(tu.get(output, "metrics"))
 
 
 def _has_log_probs(output: Any) -> bool:
@@ -85,27 +85,27 @@ class InProcessTrainer:
                 self.critic.reset()
                 self.critic.set_loss_fn(value_loss_fn(spec))
 
-    def log_probs(self, rows: rows_of.Rows, reference: bool = False, **meta: Any) -> Optional[torch.Tensor]:
+    def log_probs(self, rows: turn_rows.Rows, reference: bool = False, **meta: Any) -> Optional[torch.Tensor]:
         """Per-token log-probs of every row's response (rows x response width), or None without outputs."""
-        data = rows_of.engine_input(rows, calculate_entropy=False, compute_loss=False, **meta)
+        data = turn_rows.engine_input(rows, calculate_entropy=False, compute_loss=False, **meta)
         output = (self.reference if reference else self.actor).infer_batch(data)
-        return rows_of.to_rows(output, "log_probs", data) if _has_log_probs(output) else None
+        return turn_rows.to_rows(output, "log_probs", data) if _has_log_probs(output) else None
 
-    def train(self, rows: rows_of.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
+    def train(self, rows: turn_rows.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
         """verl's PPO mini-batch loop over the rows; its metrics averaged over mini-batches."""
-        return _metrics(self.actor.train_mini_batch(rows_of.engine_input(rows, extra, **meta)))
+        return _metrics(self.actor.train_mini_batch(turn_rows.engine_input(rows, extra, **meta)))
 
     def learning_rate(self) -> float:
         return float(self.actor.engine.optimizer.param_groups[0]["lr"])
 
-    def values(self, rows: rows_of.Rows, **meta: Any) -> torch.Tensor:
+    def values(self, rows: turn_rows.Rows, **meta: Any) -> torch.Tensor:
         """The critic's value of the state before every response token (rows x response width)."""
-        data = rows_of.engine_input(rows, compute_loss=False, **meta)
-        return rows_of.to_rows(self.critic.infer_batch(data), "values", data)
+        data = turn_rows.engine_input(rows, compute_loss=False, **meta)
+        return turn_rows.to_rows(self.critic.infer_batch(data), "values", data)
 
-    def train_critic(self, rows: rows_of.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
+    def train_critic(self, rows: turn_rows.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
         """verl's mini-batch loop of the critic over the rows (``extra``: old values and returns)."""
-        return _metrics(self.critic.train_mini_batch(rows_of.engine_input(rows, extra, **meta)))
+        return _metrics(self.critic.train_mini_batch(turn_rows.engine_input(rows, extra, **meta)))
 
     def critic_learning_rate(self) -> float:
         return float(self.critic.engine.optimizer.param_groups[0]["lr"])
@@ -242,33 +242,33 @@ class RayTrainer:
         self.workers.init_model()
         self.workers.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
 
-    def _deal(self, rows: rows_of.Rows, extra: Optional[dict[str, torch.Tensor]] = None):
+    def _deal(self, rows: turn_rows.Rows, extra: Optional[dict[str, torch.Tensor]] = None):
         """Rows (and extra per-row tensors) reordered round-robin over ranks, and the order that undoes it."""
         order = torch.tensor([row for rank in range(self.ranks) for row in range(rank, rows.size, self.ranks)])
-        dealt = rows_of.Rows({key: value[order] for key, value in rows.tensors.items()}, rows.real, rows.prompt_width)
+        dealt = turn_rows.Rows({key: value[order] for key, value in rows.tensors.items()}, rows.real, rows.prompt_width)
         return dealt, {key: value[order] for key, value in (extra or {}).items()}, torch.argsort(order)
 
-    def log_probs(self, rows: rows_of.Rows, reference: bool = False, **meta: Any) -> Optional[torch.Tensor]:
+    def log_probs(self, rows: turn_rows.Rows, reference: bool = False, **meta: Any) -> Optional[torch.Tensor]:
         dealt, _, undo = self._deal(rows)
-        data = rows_of.engine_input(dealt, calculate_entropy=False, compute_loss=False, **meta)
+        data = turn_rows.engine_input(dealt, calculate_entropy=False, compute_loss=False, **meta)
         output = (self.workers.compute_ref_log_prob if reference else self.workers.compute_log_prob)(data)
-        return rows_of.to_rows(output, "log_probs", data)[undo] if _has_log_probs(output) else None
+        return turn_rows.to_rows(output, "log_probs", data)[undo] if _has_log_probs(output) else None
 
-    def train(self, rows: rows_of.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
+    def train(self, rows: turn_rows.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
         dealt, extra, _ = self._deal(rows, extra)
-        return _metrics(self.workers.update_actor(rows_of.engine_input(dealt, extra, **meta)))
+        return _metrics(self.workers.update_actor(turn_rows.engine_input(dealt, extra, **meta)))
 
     def learning_rate(self) -> float:
         return self.workers.learning_rate()[0]
 
-    def values(self, rows: rows_of.Rows, **meta: Any) -> torch.Tensor:
+    def values(self, rows: turn_rows.Rows, **meta: Any) -> torch.Tensor:
         dealt, _, undo = self._deal(rows)
-        data = rows_of.engine_input(dealt, compute_loss=False, **meta)
-        return rows_of.to_rows(self.workers.compute_values(data), "values", data)[undo]
+        data = turn_rows.engine_input(dealt, compute_loss=False, **meta)
+        return turn_rows.to_rows(self.workers.compute_values(data), "values", data)[undo]
 
-    def train_critic(self, rows: rows_of.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
+    def train_critic(self, rows: turn_rows.Rows, extra: dict[str, torch.Tensor], **meta: Any) -> dict[str, float]:
         dealt, extra, _ = self._deal(rows, extra)
-        return _metrics(self.workers.update_critic(rows_of.engine_input(dealt, extra, **meta)))
+        return _metrics(self.workers.update_critic(turn_rows.engine_input(dealt, extra, **meta)))
 
     def critic_learning_rate(self) -> float:
         return self.workers.learning_rate(engine="critic")[0]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from unimas.groups.base import TrainTurn
-from unimas.groups.verl import batch
+from unimas.groups.verl import turn_rows
 
 PAD = 0
 
@@ -23,7 +23,7 @@ def turns() -> list[TrainTurn]:
 
 
 def test_rows_left_pad_prompts_right_pad_responses_and_mark_only_responses():
-    rows = batch.layout(turns(), PAD)
+    rows = turn_rows.layout(turns(), PAD)
     t = rows.tensors
     assert rows.real == 2 and rows.size == 2 and rows.prompt_width == 3
     assert t["input_ids"].tolist() == [[5, 6, 7, 8, PAD, PAD], [PAD, PAD, 9, 10, 11, 12]]
@@ -39,7 +39,7 @@ def test_rows_left_pad_prompts_right_pad_responses_and_mark_only_responses():
 
 
 def test_padding_rows_are_never_trained_and_keep_one_prompt_and_one_response_token():
-    rows = batch.layout(turns(), PAD, size=batch.padded_size(2, 4))
+    rows = turn_rows.layout(turns(), PAD, size=turn_rows.padded_size(2, 4))
     t = rows.tensors
     assert rows.size == 4 and rows.real == 2
     for row in (2, 3):
@@ -50,26 +50,26 @@ def test_padding_rows_are_never_trained_and_keep_one_prompt_and_one_response_tok
 
 
 def test_padded_size_rounds_up_to_mini_batches():
-    assert batch.padded_size(5, 4) == 8
-    assert batch.padded_size(8, 4) == 8
-    assert batch.padded_size(0, 3) == 3
-    assert batch.padded_size(3, 0) == 3
+    assert turn_rows.padded_size(5, 4) == 8
+    assert turn_rows.padded_size(8, 4) == 8
+    assert turn_rows.padded_size(0, 3) == 3
+    assert turn_rows.padded_size(3, 0) == 3
 
 
 def test_bad_turns_are_refused():
     with pytest.raises(ValueError, match="non-empty response"):
-        batch.layout([TrainTurn([1], [], [], 0.0)], PAD)
+        turn_rows.layout([TrainTurn([1], [], [], 0.0)], PAD)
     with pytest.raises(ValueError, match="non-empty prompt"):
-        batch.layout([TrainTurn([], [3], [], 0.0)], PAD)
+        turn_rows.layout([TrainTurn([], [3], [], 0.0)], PAD)
     with pytest.raises(ValueError, match="cannot fit"):
-        batch.layout(turns(), PAD, size=1)
+        turn_rows.layout(turns(), PAD, size=1)
 
 
 def test_engine_input_packs_real_tokens_and_keeps_per_row_values():
-    rows = batch.layout(turns(), PAD, size=3)
-    old = batch.response_rows([[-1.0], [-2.0, -3.0, -4.0]], rows)
+    rows = turn_rows.layout(turns(), PAD, size=3)
+    old = turn_rows.response_rows([[-1.0], [-2.0, -3.0, -4.0]], rows)
     assert old.tolist() == [[-1.0, 0.0, 0.0], [-2.0, -3.0, -4.0], [0.0, 0.0, 0.0]]
-    data = batch.engine_input(rows, {"old_log_probs": old}, compute_loss=False)
+    data = turn_rows.engine_input(rows, {"old_log_probs": old}, compute_loss=False)
     packed = [row.tolist() for row in data["input_ids"].unbind()]
     assert packed == [[5, 6, 7, 8], [9, 10, 11, 12], [PAD, PAD]]
     assert data["temperature"].tolist() == pytest.approx([0.7, 1.0, 1.0])
@@ -80,7 +80,7 @@ def test_engine_input_packs_real_tokens_and_keeps_per_row_values():
     from tensordict import TensorDict
 
     output = TensorDict({"log_probs": data["input_ids"].float()}, batch_size=[3])
-    unpacked = batch.to_rows(output, "log_probs", data)
+    unpacked = turn_rows.to_rows(output, "log_probs", data)
     assert unpacked[:2].tolist() == [[7.0, 0.0, 0.0], [9.0, 10.0, 11.0]]
 
 
@@ -89,5 +89,5 @@ def test_mean_metrics_averages_lists_and_metric_objects():
         def __init__(self, value):
             self.value = value
 
-    out = batch.mean_metrics({"a": [1.0, 3.0], "b": 2, "c": [Value(torch.tensor(4.0))], "d": [None]})
+    out = turn_rows.mean_metrics({"a": [1.0, 3.0], "b": 2, "c": [Value(torch.tensor(4.0))], "d": [None]})
     assert out == {"a": 2.0, "b": 2.0, "c": 4.0}

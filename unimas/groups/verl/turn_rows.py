@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from unimas.algorithms.functions import RoleObjective, token_coefficients
+from unimas.algorithms.losses import RoleObjective, token_coefficients
 from unimas.config.schema import AlgorithmConfig
 from unimas.groups.base import TrainTurn
 

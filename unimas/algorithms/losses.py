@@ -1,20 +1,8 @@
-"""The algorithm layer: estimators and policy losses by name, and the one loss every backend optimises.
+"""Policy losses by name, and the one loss every backend optimises.
 
-Two tables, each filled from plugins first and verl's ``core_algos``
-registries second, so ``grpo`` or ``vanilla`` mean here what they mean in a
-verl run and a plugin can add (or shadow) any name:
-
-* **estimators** — ``(token_level_rewards, response_mask, index, config) ->
-  (advantages, returns)``. The facts validation needs (normalises within
-  groups, needs a critic, needs inputs unimas does not produce) are read off
-  each function's signature once, into an :class:`Estimator` record, so they
-  cannot drift from the pinned verl.
-* **policy losses** — verl's ``PolicyLossFn`` signature.
-
-Beside verl's inputs, an estimator or a loss may take keyword-only parameters
-(after ``*``), set with ``algorithm.estimator_params`` / ``algorithm.loss_params``
-and checked like every algorithm plugin's (:mod:`unimas.config.plugin_params`); they
-are bound once, when the name is resolved.
+The table holds plugins' losses first, then verl's ``POLICY_LOSS_REGISTRY``
+(verl's ``PolicyLossFn`` signature); a loss may take keyword-only parameters
+set with ``algorithm.loss_params`` (or a role's), bound when it is resolved.
 
 :func:`compose_loss` is the whole objective (nanoGPT-style, in one place)::
 
@@ -25,20 +13,15 @@ per-token coefficients (:func:`token_coefficients`), so a shared model or a
 LoRA base can explore more for one role than for another, in every backend.
 
 Every backend calls it (the torch and verl backends), so they all optimise
-the same thing. Here and in :mod:`unimas.algorithms.verl_catalog` (verl's
-registries by signature, cached) are the only imports of verl in this layer;
-they sit inside functions because ``import verl`` costs seconds and commands
-that never train (``unimas validate``) should not pay for it. torch is
-imported only for type hints, for the same reason.
+the same thing. verl is imported inside functions (``import verl`` costs
+seconds; ``unimas validate`` never trains); torch only for type hints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
 from unimas.algorithms import verl_catalog
 from unimas.config import plugin_params
@@ -46,114 +29,15 @@ from unimas.config.schema import AlgorithmConfig
 from unimas.errors import UserError
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
-
-
-class PluginTable(Protocol):
-    """The plugins' estimators and losses by name: :class:`unimas.contract.registry.Registry` is one.
-
-    Named by shape rather than imported, so this layer (below the model
-    groups) does not depend on the plugin contract (above them).
-    """
-
-    def names(self, kind: str) -> list[str]: ...
-
-    def get(self, kind: str, name: str, *, where: str | None = None) -> Any: ...
-
-    def provider(self, kind: str, name: str) -> str: ...
-
-PROVIDED_INPUTS = frozenset({"token_level_rewards", "response_mask", "index", "norm_adv_by_std_in_grpo", "config"})
-"""What unimas can hand an estimator: one credit scalar per turn, group keys, verl's AlgoConfig."""
+    from unimas.algorithms.estimators import PluginTable
 
 
 def _core_algos():
     from verl.trainer.ppo import core_algos
 
     return core_algos
-
-
-CRITIC_INPUTS = frozenset({"values", "gamma", "lam"})
-"""What a model group with a critic adds: token-level values, ``algorithm.gamma`` and ``algorithm.lam``."""
-
-
-@dataclass(frozen=True)
-class Estimator:
-    """An advantage estimator with the facts validation needs, derived from its signature."""
-
-    name: str
-    fn: Callable[..., Any]
-    provider: str
-    group_normalised: bool
-    """Takes ``index``: normalises within groups of turns, so it needs ``group_size >= 2``."""
-    needs_critic: bool
-    """Takes value estimates (``gae``): unimas trains no critic."""
-    missing_inputs: tuple[str, ...]
-    """Required arguments unimas does not produce (e.g. ``reward_baselines`` for ``remax``)."""
-
-    @classmethod
-    def from_function(cls, name: str, fn: Callable[..., Any], provider: str) -> "Estimator":
-        params = inspect.signature(fn).parameters
-        # keyword-only arguments are the estimator's own parameters (estimator_params), not inputs
-        required = [key for key, p in params.items()
-                    if p.default is inspect.Parameter.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
-        return cls(name=name, fn=fn, provider=provider, group_normalised="index" in params,
-                   needs_critic="values" in params,
-                   missing_inputs=tuple(key for key in required if key not in PROVIDED_INPUTS))
-
-    @property
-    def usable(self) -> bool:
-        return not self.needs_critic and not self.missing_inputs
-
-    @property
-    def usable_with_critic(self) -> bool:
-        """Takes values, and everything else it needs a group with a critic provides (docs/critic.md)."""
-        return self.needs_critic and set(self.missing_inputs) <= CRITIC_INPUTS
-
-    def with_values(self, token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
-                    gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(advantages, returns), (rows, tokens), of an estimator that takes values: the critic path."""
-        params = inspect.signature(self.fn).parameters
-        available = {"token_level_rewards": token_level_rewards, "values": values, "response_mask": response_mask,
-                     "gamma": gamma, "lam": lam, "config": _algo_config(float(gamma), True)}
-        return self.fn(**{key: value for key, value in available.items() if key in params})
-
-    def __call__(self, scores: torch.Tensor, index: np.ndarray, *, norm_by_std: bool = True,
-                 gamma: float = 1.0) -> torch.Tensor:
-        """Advantages for ``scores`` (turns, 1): one credit scalar per turn, grouped by ``index``."""
-        params = inspect.signature(self.fn).parameters
-        available = {"token_level_rewards": scores, "response_mask": scores.new_ones(scores.shape), "index": index,
-                     "norm_adv_by_std_in_grpo": norm_by_std, "config": _algo_config(float(gamma), bool(norm_by_std))}
-        advantages, _returns = self.fn(**{key: value for key, value in available.items() if key in params})
-        return advantages
-
-
-@functools.lru_cache(maxsize=16)
-def _algo_config(gamma: float, norm_by_std: bool):
-    from verl.trainer.config import AlgoConfig
-
-    return AlgoConfig(gamma=gamma, norm_adv_by_std_in_grpo=norm_by_std)
-
-
-def estimators(registry: "PluginTable") -> dict[str, Estimator]:
-    """Every estimator by name: plugins first (they may shadow a verl name), then verl's registry."""
-    table = {name: Estimator.from_function(name, fn, "verl")
-             for name, fn in verl_catalog.functions("estimators").items()}
-    for name in registry.names("estimators"):
-        table[name] = Estimator.from_function(name, registry.get("estimators", name),
-                                              registry.provider("estimators", name))
-    return table
-
-
-def resolve_estimator(name: str, registry: "PluginTable", params: dict[str, Any] | None = None) -> Estimator:
-    """The estimator ``name`` with its checked ``algorithm.estimator_params`` bound."""
-    table = estimators(registry)
-    if name not in table:
-        raise UserError(f"unknown estimator '{name}'. Known: {', '.join(sorted(table))}", where="algorithm.estimator")
-    estimator = table[name]
-    kwargs = plugin_params.bind(estimator.fn, name, params or {}, "algorithm.estimator_params", keyword_only=True)
-    return dataclasses.replace(estimator, fn=functools.partial(estimator.fn, **kwargs)) if kwargs else estimator
 
 
 def policy_losses(registry: "PluginTable") -> dict[str, Callable[..., Any]]:
