@@ -34,7 +34,6 @@ from unimas_workflows.shapes import arithmetic_sums, rotations, verdict_for
 from unimas.config.schema import AlgorithmConfig, GenerationConfig, ModelGroupConfig, OptimConfig
 from unimas.groups.base import GenRequest, GroupSpec
 from unimas.groups.torch import SupervisedExample, TorchModelGroup, TorchOptions
-from unimas.groups.torch.checkpoint import keep_weights_only
 
 HERE = Path(__file__).resolve().parent
 ALPHABET = "0123456789+=<>|?,.#SGUDLR" + "abcdefghijklmnopqrstuvwxyz" + ": \n"
@@ -166,8 +165,7 @@ def main() -> None:
                   f"({time.perf_counter() - started:.0f}s)", flush=True)
             if accuracy >= args.target:
                 break
-    group.save(out)
-    keep_weights_only(out)  # init_from reads weights only; keep the committed copy small
+    group.save_weights(out)  # what init_from reads; the committed copy stays small
     print(f"wrote {out}")
 
 

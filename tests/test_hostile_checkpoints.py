@@ -190,7 +190,7 @@ def test_pending_rollouts_in_a_fifo_are_refused_not_waited_for(tmp_path):
 CHECK_WEIGHTS = """
 import sys
 from unimas.errors import UserError
-from unimas.groups.torch.checkpoint import check_weights
+from unimas.groups.hf.weight_files import check_weights
 try:
     check_weights(sys.argv[1])
 except UserError as refused:

@@ -235,6 +235,22 @@ class ModelGroup(ABC):
     def load(self, directory: Path) -> None:
         """Restore exactly what :meth:`save` wrote."""
 
+    def save_weights(self, directory: Path) -> None:
+        """Write the policy's weights only, as a plain Hugging Face model: ``directory/model/`` (weights,
+        config, tokenizer) and ``directory/adapters/<name>/`` (PEFT dirs) for LoRA adapters.
+
+        What a frozen snapshot group plays (:mod:`unimas.training.snapshots`) and ``options.init_from``
+        starts from. One format for every backend, so a verl learner's snapshots are played by a torch
+        group: no optimiser, RNG or counts, which belong to a resume (:meth:`save`). A backend with no
+        weights of its own (an API endpoint) cannot, and says so.
+        """
+        raise NotImplementedError(f"model group '{self.name}' ({type(self).__name__}) cannot save its weights")
+
+    def load_weights(self, directory: Path) -> None:
+        """Play the weights a :meth:`save_weights` wrote (of this group or another one of the same model),
+        copied in place: the group's own random stream, weight version and optimiser stay as they are."""
+        raise NotImplementedError(f"model group '{self.name}' ({type(self).__name__}) cannot load weights")
+
     def close(self) -> None:
         """Stop what the group started beyond this object (Ray actors, servers); called once when it is dropped.
 
@@ -261,6 +277,12 @@ class Transport(Protocol):
     async def save(self, group: str, directory: Path) -> None: ...
 
     async def load(self, group: str, directory: Path) -> None: ...
+
+    async def save_weights(self, group: str, directory: Path) -> None:
+        """:meth:`ModelGroup.save_weights`: the weights only, a plain Hugging Face model (snapshots)."""
+
+    async def load_weights(self, group: str, directory: Path) -> None:
+        """:meth:`ModelGroup.load_weights`: play weights another group saved, in place."""
 
     async def restart(self, group: str, checkpoint: Path | None) -> None:
         """Replace the group by a fresh one from ``checkpoint`` (initial weights when None)."""

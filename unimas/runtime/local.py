@@ -86,6 +86,12 @@ class LocalTransport:
     async def load(self, group: str, directory: Path) -> None:
         await self._run(group, "load", directory)
 
+    async def save_weights(self, group: str, directory: Path) -> None:
+        await self._run(group, "save_weights", directory)
+
+    async def load_weights(self, group: str, directory: Path) -> None:
+        await self._run(group, "load_weights", directory)
+
     async def restart(self, group: str, checkpoint: Path | None) -> None:
         """Rebuild a group from config, then load ``checkpoint`` (initial weights when None)."""
         old = self.groups.pop(group, None)

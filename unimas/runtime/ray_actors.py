@@ -204,6 +204,12 @@ class ModelGroupActor:
     def load(self, directory: str) -> None:
         self._timed("load", lambda: self.group.load(Path(directory)))
 
+    def save_weights(self, directory: str) -> None:
+        self._timed("save_weights", lambda: self.group.save_weights(Path(directory)))
+
+    def load_weights(self, directory: str) -> None:
+        self._timed("load_weights", lambda: self.group.load_weights(Path(directory)))
+
 
 RemoteModelGroup = ray.remote(ModelGroupActor)
 
@@ -314,6 +320,12 @@ class RayTransport:
 
     async def load(self, group: str, directory: Path) -> None:
         await self._call(group, "load", str(directory))
+
+    async def save_weights(self, group: str, directory: Path) -> None:
+        await self._call(group, "save_weights", str(directory))
+
+    async def load_weights(self, group: str, directory: Path) -> None:
+        await self._call(group, "load_weights", str(directory))
 
     async def spans(self, group: str) -> list[tuple[str, float, float]]:
         return await self._call(group, "spans")

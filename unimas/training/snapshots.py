@@ -8,8 +8,11 @@ strategies it no longer plays; drawing the opponent from several earlier
 versions keeps them in the mix (fictitious self-play).
 
 Snapshots live in ``<run>/snapshots/<group>/step_NNNNNN`` and hold weights
-only (no optimiser or sampling state: the frozen group keeps its own random
-stream, so learner and opponent never sample with the same noise). Which
+only, as a plain Hugging Face model (:meth:`unimas.ModelGroup.save_weights`):
+no optimiser or sampling state, as the frozen group keeps its own random
+stream, so learner and opponent never sample with the same noise. The format
+is every backend's, so the learner may be a verl group and the frozen group a
+torch one playing its snapshots. Which
 snapshot is played is drawn from ``(trainer.seed, step, group)``, and snapshots
 that fell out of the pool are deleted only once a checkpoint no longer needs
 them, so a run resumed from its latest checkpoint draws the same opponents as
@@ -37,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 from unimas.config.schema import ExperimentConfig, SnapshotConfig
 from unimas.errors import UserError
 from unimas.groups.base import Transport
-from unimas.groups.torch.checkpoint import check_weights, keep_weights_only
+from unimas.groups.hf.weight_files import check_weights
 from unimas.output.checkpoints import notice
 from unimas.output.rundir import RunDir
 from unimas.safe_load import load_json
@@ -182,13 +185,12 @@ class SnapshotPools:
             if stale.exists():
                 self.run_dir.delete(stale)
         partial.parent.mkdir(parents=True, exist_ok=True)
-        await self.transport.save(snapshot.of, partial)
-        keep_weights_only(partial)
+        await self.transport.save_weights(snapshot.of, partial)
         partial.rename(target)
 
     async def _play(self, group: str, step: int) -> None:
         taken, path = self._choose(group, self.pools[group], step)
-        await self.transport.load(group, path)
+        await self.transport.load_weights(group, path)
         self.playing[group] = taken
 
     def _choose(self, group: str, snapshot: SnapshotConfig, step: int) -> tuple[int, Path]:

@@ -225,8 +225,6 @@ def warm_start(config: ExperimentConfig | str | Path, data: str | Path | Sequenc
 def _fit_group(config: ExperimentConfig, registry: Any, name: str, pairs: Sequence[Pair], held_out: Sequence[Pair],
                out: Path, *, steps: int, batch_size: int, rng: random.Random, target: Optional[float],
                eval_every: int, log: Callable[[str], None], result: WarmStartResult, build_group: Any) -> Path:
-    from unimas.groups.torch.checkpoint import keep_weights_only
-
     own = [p for p in pairs if config.roles[p.role].model == name]
     checks = [p for p in held_out if config.roles[p.role].model == name]
     group = build_group(config, registry, name)
@@ -247,8 +245,7 @@ def _fit_group(config: ExperimentConfig, registry: Any, name: str, pairs: Sequen
             elif step % eval_every == 0:
                 log(f"{name}: step {step}: loss {loss:.3f} ({time.perf_counter() - started:.0f} s)")
         directory = out / name
-        group.save(directory)
-        keep_weights_only(directory)  # init_from reads weights only
+        group.save_weights(directory)  # what init_from reads
     finally:
         group.close()
     result.steps[name], result.loss[name] = step, loss

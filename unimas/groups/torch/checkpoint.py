@@ -22,9 +22,8 @@ and the like) found among the weights is refused, never skipped silently.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
@@ -32,7 +31,8 @@ from safetensors.torch import save_file
 from unimas.errors import UserError
 from unimas.groups.hf.model_source import MODEL_DIR
 from unimas.groups.torch.state import RngState
-from unimas.groups.torch.weights import clean_base_name, copy_weights, refuse_pickled_weights
+from unimas.groups.hf.weight_files import refuse_pickled_weights
+from unimas.groups.torch.weights import clean_base_name, copy_weights
 from unimas.safe_load import load_safetensors, load_tensors, reading
 
 if TYPE_CHECKING:
@@ -43,24 +43,6 @@ ADAPTER_DIR, REFERENCE_DIR = "adapters", "reference"
 CRITIC_DIR = "critic"
 """The group's value model, optimiser and schedule (``unimas.groups.torch.critic``): resume-only."""
 OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE = "optimizer.pt", "scheduler.pt", "rng.pt"
-RESUME_ONLY_FILES = (OPTIMIZER_FILE, SCHEDULER_FILE, RNG_FILE)
-"""Needed to continue a run exactly, not to start a new one from the weights (``init_from``)."""
-
-
-def check_weights(directory: Path) -> None:
-    """Check a saved group's weights without loading them: no pickle-format file, every safetensors header readable.
-
-    What a resume checks in a snapshot it may play later, so a bad snapshot
-    makes its checkpoint unusable instead of stopping the run when it is played.
-    """
-    from safetensors import safe_open
-
-    refuse_pickled_weights(directory)
-    for path in sorted(Path(directory).rglob("*.safetensors")):
-        if not path.is_file():  # a FIFO would block the header read for ever
-            raise UserError("not a regular file (a pipe or a device is no weights file)", where=str(path))
-        with reading(path), safe_open(path, framework="pt") as handle:
-            handle.keys()
 
 
 def save_weights(directory: Path, policy: "TorchPolicy") -> None:
@@ -101,13 +83,25 @@ def save(directory: Path, policy: "TorchPolicy", learner: "TorchLearner", genera
         learner.critic.save(directory / CRITIC_DIR)
 
 
-def load(directory: Path, policy: "TorchPolicy", learner: "TorchLearner", generator: torch.Generator,
-         dtype: torch.dtype) -> Optional[int]:
-    """Restore weights, adapters, reference, optimiser, schedule and RNG in place; the saved weight version,
-    or None for a weights-only snapshot (no ``rng.pt``: the group keeps its own stream and count)."""
+def load_weights(directory: Path, policy: "TorchPolicy", dtype: torch.dtype) -> None:
+    """Copy what :func:`save_weights` wrote (by this backend or another) into the policy's base and adapters."""
     directory = Path(directory)
     copy_weights(policy.base_model(), directory / MODEL_DIR, clean_names=True, dtype=dtype)
     load_adapters(policy, directory, missing_ok=False)
+
+
+def load(directory: Path, policy: "TorchPolicy", learner: "TorchLearner", generator: torch.Generator,
+         dtype: torch.dtype) -> int:
+    """Restore weights, adapters, reference, optimiser, schedule and RNG in place; the saved weight version.
+
+    A weights-only directory (no ``rng.pt``) is refused by name: it is played (:func:`load_weights`) or
+    started from (``options.init_from``), never resumed, which would continue with another random stream.
+    """
+    directory = Path(directory)
+    if not (directory / RNG_FILE).is_file():
+        raise UserError(f"has no {RNG_FILE}: it holds weights only (a snapshot or a warm start), which a run "
+                        "starts from with options.init_from rather than resumes", where=str(directory))
+    load_weights(directory, policy, dtype)
     if (directory / REFERENCE_DIR).exists():
         copy_weights(policy.reference_model(), directory / REFERENCE_DIR, clean_names=False, dtype=dtype)
     if (directory / OPTIMIZER_FILE).exists() and policy.trainable:
@@ -120,24 +114,13 @@ def load(directory: Path, policy: "TorchPolicy", learner: "TorchLearner", genera
             with reading(directory / SCHEDULER_FILE):
                 learner.scheduler.load_state_dict(state)
         learner.apply_optim_config()
-    if not (directory / RNG_FILE).exists():
-        return None
     saved = load_tensors(directory / RNG_FILE)
     with reading(directory / RNG_FILE):
         state = RngState.model_validate(saved)
         generator.set_state(state.generator)
-    if learner.critic is not None:  # a resume, not a weights-only snapshot
+    if learner.critic is not None:
         learner.critic.load(directory / CRITIC_DIR)
     return state.weight_version
-
-
-def keep_weights_only(directory: Path) -> None:
-    """Reduce a saved group to its weights (model and adapters): what ``init_from`` or a frozen snapshot reads."""
-    directory = Path(directory)
-    for name in RESUME_ONLY_FILES:
-        (directory / name).unlink(missing_ok=True)
-    shutil.rmtree(directory / REFERENCE_DIR, ignore_errors=True)
-    shutil.rmtree(directory / CRITIC_DIR, ignore_errors=True)
 
 
 def load_adapters(policy: "TorchPolicy", directory: Path, missing_ok: bool) -> None:

@@ -197,13 +197,22 @@ class TorchModelGroup(ModelGroup):
         """Restore what :meth:`save` wrote, in place (resume bit-identically)."""
         directory = Path(directory)
         with self._lock:
-            version = checkpoint.load(directory, self.policy, self.learner, self.generator,
-                                      self.spec.options.torch_dtype)
-            if version is not None:  # a resume, not a weights-only snapshot
-                self.weight_version = version
+            self.weight_version = checkpoint.load(directory, self.policy, self.learner, self.generator,
+                                                  self.spec.options.torch_dtype)
             self.sampler.publish(self.policy, self.weight_version)
-            if version is not None:
-                self.sampler.load_rng(directory)
+            self.sampler.load_rng(directory)
+
+    def save_weights(self, directory: Path) -> None:
+        """``model/`` and ``adapters/<name>/`` only (:meth:`ModelGroup.save_weights`)."""
+        with self._lock:
+            checkpoint.save_weights(Path(directory), self.policy)
+
+    def load_weights(self, directory: Path) -> None:
+        """Copy a saved policy's weights in place and hand them to the sampler; the version stays, as a
+        frozen group's weights count as one version (its turns are never trained)."""
+        with self._lock:
+            checkpoint.load_weights(Path(directory), self.policy, self.spec.options.torch_dtype)
+            self.sampler.publish(self.policy, self.weight_version)
 
     def close(self) -> None:
         """Stop the sampler's process or server, if it has one."""

@@ -16,20 +16,8 @@ import torch
 
 from unimas.errors import UserError
 from unimas.groups.hf.pretrained import pretrained_model
+from unimas.groups.hf.weight_files import refuse_pickled_weights
 from unimas.safe_load import reading
-
-PICKLED_WEIGHTS = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
-"""Weight-file suffixes of pickle formats: a checkpoint's weights are safetensors, so one of these is planted."""
-
-
-def refuse_pickled_weights(directory: Path) -> None:
-    """A :class:`UserError` naming the first pickle-format file in a weights dir (``model/``, an adapter)."""
-    for path in sorted(Path(directory).rglob("*")):
-        if path.suffix in PICKLED_WEIGHTS and path.is_file():
-            raise UserError("refused: a pickle-format weights file; unimas writes weights as safetensors and "
-                            "never unpickles, so this file was put here by something else (delete it)",
-                            where=str(path))
-
 
 def clean_base_name(key: str) -> Optional[str]:
     """A PEFT-wrapped base-model key as the plain model names it; None for LoRA weights."""

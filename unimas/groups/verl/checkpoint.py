@@ -164,11 +164,14 @@ def save_engine(engine: Any, directory: Path, process_state: bool = True) -> Non
     files.scheduler.write_text(json.dumps(engine.lr_scheduler.state_dict(), allow_nan=False, indent=1))
     if process_state:
         torch.save(_rng_state(), files.rng)
-        _export_hugging_face(engine, directory / HF_DIR)
+        export_hugging_face(engine, directory / HF_DIR)
 
 
-def _export_hugging_face(engine: Any, target: Path) -> None:
-    """The full weights, config, generation config and tokenizer as a Hugging Face dir, written by rank 0."""
+def export_hugging_face(engine: Any, target: Path) -> None:
+    """The full weights, config, generation config and tokenizer as a Hugging Face dir, written by rank 0.
+
+    Every rank must call it (it gathers the full weights): part of a checkpoint, and on its own the group's
+    weights-only save (:meth:`unimas.ModelGroup.save_weights`)."""
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from transformers import AutoModelForCausalLM

@@ -54,10 +54,12 @@ from unimas.errors import UserError
 from unimas.groups.base import UPDATE_METRICS, Critique, GenRequest, GenResult, GroupSpec, ModelGroup, TrainTurn
 from unimas.groups.hf import sampling
 from unimas.groups.hf import source as source_of
+from unimas.groups.hf.model_source import MODEL_DIR
+from unimas.groups.hf.pretrained import pretrained_model
+from unimas.groups.hf.weight_files import check_weights
 from unimas.groups.lora import check_target_modules
 from unimas.groups.results import bucket_key, is_refused, refused_result
-from unimas.groups.verl import turn_rows
-from unimas.groups.verl import checkpoint, critic, lora, patches, prompts
+from unimas.groups.verl import checkpoint, critic, lora, patches, prompts, turn_rows
 from unimas.groups.verl.options import VerlOptions, translate
 from unimas.groups.verl.preflight import group_problems
 from unimas.groups.verl.workers import InProcessTrainer
@@ -374,6 +376,31 @@ class VerlModelGroup(ModelGroup):
                                           world_size=self.trainer.ranks,
                                           critic_updates=0 if self.critic is None else self.critic.updates)
             checkpoint.save_group_state(directory, state, self.rollout.generator)
+
+    def save_weights(self, directory: Path) -> None:
+        """``model/``: the actor's full weights, config and tokenizer as a Hugging Face model (every rank
+        gathers, rank 0 writes), what a frozen snapshot group of either backend plays."""
+        if not self.trainable or lora.adapter_in_use(self.spec.config, self.spec.adapters):
+            raise UserError(f"model group '{self.name}' saves weights only when it trains its full weights (a "
+                            "frozen verl group keeps none in a trainer; a LoRA group's export is in peft names)",
+                            where=f"models.{self.name}")
+        with self._train_lock:
+            self.trainer.export_weights(Path(directory) / MODEL_DIR)
+
+    def load_weights(self, directory: Path) -> None:
+        """Play a saved policy's weights (``model/``, either backend's): sent to the rollout as a weight sync
+        is, the group's weight version kept. Only the in-process ``hf`` rollout takes them: vLLM servers and
+        Ray-hosted ranks get weights from the group's own trainer, which a frozen group does not have."""
+        from unimas.groups.verl.rollout import run_sync
+
+        if self.served or self.waits_on_workers:
+            raise UserError(f"model group '{self.name}' plays saved weights only with the in-process hf rollout "
+                            "(options.rollout: hf, options.workers: in_process)", where=f"models.{self.name}.options")
+        model_dir = Path(directory) / MODEL_DIR
+        check_weights(model_dir)
+        saved = pretrained_model(model_dir, torch.float32)
+        with self._rollout_lock:
+            run_sync(self.rollout.update_weights(saved.named_parameters(), global_steps=self.weight_version))
 
     def load(self, directory: Path) -> None:
         """Restore what :meth:`save` wrote and sync the rollout, so generation continues bit-identically.

@@ -113,6 +113,9 @@ class InProcessTrainer:
     def save(self, directory: Path) -> None:
         checkpoint.save_engine(self.actor.engine, directory)
 
+    def export_weights(self, directory: Path) -> None:
+        checkpoint.export_hugging_face(self.actor.engine, directory)
+
     def load(self, directory: Path) -> None:
         checkpoint.load_engine(self.actor.engine, directory)
 
@@ -156,6 +159,10 @@ def _worker_class() -> type:
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def save_unimas_state(self, directory: str, engine: str = "actor") -> None:
             checkpoint.save_engine(self._engine(engine), Path(directory), process_state=engine == "actor")
+
+        @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+        def export_unimas_weights(self, directory: str) -> None:
+            checkpoint.export_hugging_face(self.actor.engine, Path(directory))
 
         @register(dispatch_mode=Dispatch.ONE_TO_ALL)
         def load_unimas_state(self, directory: str, engine: str = "actor") -> Optional[tuple[str, Optional[str]]]:
@@ -275,6 +282,9 @@ class RayTrainer:
 
     def save(self, directory: Path) -> None:
         self.workers.save_unimas_state(str(directory))
+
+    def export_weights(self, directory: Path) -> None:
+        self.workers.export_unimas_weights(str(directory))
 
     def load(self, directory: Path) -> None:
         self._load(directory, "actor")
