@@ -165,8 +165,8 @@ def test_the_verl_loss_gets_the_same_per_role_terms():
                                           advantages=rows.tensors["advantages"], response_mask=mask,
                                           entropy=turn_rows.to_rows(output, "entropy", data), token_weight=weight,
                                           entropy_coef=coef)
-    plain, _ = unimas_loss(policy, settings, output, turn_rows.engine_input(rows, {"old_log_probs": extra["old_log_probs"]},
-                                                                         compute_loss=True))
+    plain_input = turn_rows.engine_input(rows, {"old_log_probs": extra["old_log_probs"]}, compute_loss=True)
+    plain, _ = unimas_loss(policy, settings, output, plain_input)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
     assert float(loss) != pytest.approx(float(plain), rel=1e-3)
 

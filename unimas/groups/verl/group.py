@@ -320,7 +320,8 @@ class VerlModelGroup(ModelGroup):
         exact = [t.rollout_logprobs_exact and len(t.rollout_logprobs) == len(t.response_ids) and not late
                  for t, late in zip(turns, stale)]
         sampled = turn_rows.response_rows([t.rollout_logprobs if ok else [] for t, ok in zip(turns, exact)], rows)
-        known = turn_rows.response_rows([[1.0] * len(t.response_ids) if ok else [] for t, ok in zip(turns, exact)], rows)
+        known = turn_rows.response_rows([[1.0] * len(t.response_ids) if ok else [] for t, ok in zip(turns, exact)],
+                                        rows)
         mismatch = float(((old - sampled).abs() * known).max()) if any(exact) else 0.0
         importance = self._reweight_stale(rows, old, turns, stale)
         extra = {"old_log_probs": old, **turn_rows.role_coefficients(turns, rows, self.spec.role_objectives, algorithm)}
