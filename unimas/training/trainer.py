@@ -8,6 +8,8 @@
 
 With ``algorithm.max_staleness > 0`` the episodes of the next steps are
 generated while the groups update (``unimas/training/pipeline.py``); 0 is the loop above.
+The loop decides when a checkpoint is written; ``unimas/training/resume.py``
+writes it, and restores a run from it on ``--resume``.
 
 The loop never touches weights: it talks to model groups through a transport
 (in-process or Ray), which is what makes `runtime.kind` a config switch.
@@ -15,7 +17,6 @@ The loop never touches weights: it talks to model groups through a transport
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import random
 import time
@@ -35,36 +36,23 @@ from unimas.controller.specs import EpisodeSpec
 from unimas.errors import ModelGroupError, TrainingFailed, UserError
 from unimas.groups.base import TrainTurn
 from unimas.groups.base import Transport
-from unimas.output import checkpoints
 from unimas.training.experiment import Experiment
 from unimas.output.metrics import (
     MetricsWriter,
     evaluation_metrics,
-    read_metrics,
     rollout_metrics,
     throughput_metrics,
 )
-from unimas.training.pipeline import RolloutPipeline, WeightVersions, pipeline_depth, read_pending
+from unimas.training.pipeline import RolloutPipeline, WeightVersions, pipeline_depth
 from unimas.training.rollout import Rollout
-from unimas.output.rundir import (
-    TRAINER_STATE,
-    RunDir,
-    TrainerState,
-    checkpoint_step,
-    mark_complete,
-    read_trainer_state,
-    write_trainer_state,
-)
+from unimas.output.rundir import RunDir, TrainerState
+from unimas.training.resume import Checkpointer
+from unimas.training.resume import RunAlreadyComplete  # noqa: F401  (`unimas train` catches it from here)
 from unimas.training.snapshots import SnapshotPools
 from unimas.training.update_order import execution_order, update_groups
 from unimas.trajectory import GraphTrajectory, write_jsonl
 
 T = TypeVar("T")
-
-
-class RunAlreadyComplete(Exception):
-    """``--resume`` of a run whose checkpoint already has every step trained (or its stop condition met):
-    nothing to do, which ``unimas train`` reports in one line with exit code 0."""
 
 
 YOUNG_GC_THRESHOLD = 10_000
@@ -126,6 +114,7 @@ class Trainer:
         self.failed_steps_in_a_row = 0
         self.pipeline = RolloutPipeline(self._collect, pipeline_depth(self.config), self.config.trainer.steps)
         self.versions = WeightVersions(self.config)
+        self.checkpointer = Checkpointer(self.config, run_dir, transport, self.pipeline, self.rollout, self.snapshots)
         self.collapse = exploration.CollapseWatch(self.config.roles, self.config.logging.entropy_warning)
 
     def _new_router(self) -> Router:
@@ -265,67 +254,22 @@ class Trainer:
         write_jsonl(self.run_dir.trajectories("eval"), trajectories)
         return evaluation_metrics(trajectories, self.config, self.experiment.primary_reward, samples)
 
-    # -- checkpoints ------------------------------------------------------
-    async def save(self, step: int) -> Path:
-        """Groups, trainer state, manifest, then ``COMPLETE``; older checkpoints are pruned only after that."""
-        directory = self.run_dir.checkpoint(step)
-        directory.mkdir(parents=True, exist_ok=True)
-        await self.pipeline.save(directory)  # first: rollouts in flight finish before the groups' RNG is saved
-        await asyncio.gather(*(self.transport.save(g, directory / g) for g in sorted(self.config.models)))
-        self.rollout.save(directory)
-        self.snapshots.save(directory, step)
-        write_trainer_state(directory, TrainerState(step=step, failed_steps_in_a_row=self.failed_steps_in_a_row,
-                                                    weight_versions=self.versions.state()))
-        checkpoints.write_manifest(directory, step, self.config)
-        mark_complete(directory)
-        self.run_dir.prune(self.config.trainer.keep_checkpoints)
-        return directory
+    # -- checkpoints (written and restored by resume.py) ------------------
+    def _state(self, step: int) -> TrainerState:
+        """What a checkpoint of ``step`` records of the loop itself."""
+        return TrainerState(step=step, failed_steps_in_a_row=self.failed_steps_in_a_row,
+                            weight_versions=self.versions.state())
 
-    async def load_checkpoint(self, directory: Path, manifest: checkpoints.Manifest | None = None) -> int:
-        """Load every group from a complete checkpoint; returns its step.
-
-        Files are checked against ``manifest.json`` first (``manifest``: already
-        checked); a damaged file is a :class:`UserError` naming it. A checkpoint
-        without a manifest loads with a notice: it cannot be verified.
-        """
-        if manifest is None and not (directory / checkpoints.MANIFEST).exists():
-            checkpoints.notice(f"{directory} has no {checkpoints.MANIFEST}: its files cannot be verified")
-        elif manifest is None:
-            manifest = checkpoints.verify(directory)
-        step = self._checkpoint_step(directory, manifest)
-        # the state files first, and checked whole, before anything changes: a bad one leaves nothing half-loaded
-        state = read_trainer_state(directory, step)
-        step = state.step
-        versions = self._weight_versions(directory, state)
-        pending = read_pending(directory, step, self.config.roles)
-        playing = self.snapshots.load(directory, step)
-        await asyncio.gather(*(self.transport.load(g, directory / g) for g in sorted(self.config.models)))
-        self.rollout.load(directory, last_step=max(pending, default=step - 1))
+    def _continue_from(self, state: TrainerState) -> None:
+        """Take the loop's counters up where a restored checkpoint left them."""
         self.failed_steps_in_a_row = state.failed_steps_in_a_row
-        self.versions = WeightVersions(self.config, versions)
-        self.pipeline.load(pending)
-        self.snapshots.restore(playing)
-        return step
+        self.versions = WeightVersions(self.config, state.weight_versions)
 
-    @staticmethod
-    def _checkpoint_step(directory: Path, manifest: checkpoints.Manifest | None) -> int | None:
-        """The step the checkpoint is of, by its manifest and its ``step_N`` name; None when neither says."""
-        named = checkpoint_step(directory)
-        if manifest is not None and named is not None and manifest.step != named:
-            raise UserError(f"says step {manifest.step}, but the checkpoint directory is of step {named} (copied "
-                            "from another checkpoint or run?)", where=str(directory / checkpoints.MANIFEST))
-        return manifest.step if manifest is not None else named
-
-    def _weight_versions(self, directory: Path, state: TrainerState) -> dict[str, int]:
-        """Each trainable group's update count (older states: one update per step); unknown groups are refused."""
-        trainable = [g for g, m in self.config.models.items() if m.trainable]
-        if state.weight_versions is None:
-            return dict.fromkeys(trainable, state.step)
-        strangers = sorted(set(state.weight_versions) - set(self.config.models))
-        if strangers:
-            raise UserError(f"weight_versions counts updates of group(s) {', '.join(strangers)}, which this run "
-                            "does not have (another run's file?)", where=str(directory / TRAINER_STATE))
-        return state.weight_versions
+    async def load_checkpoint(self, directory: Path) -> int:
+        """Restore the run from the complete checkpoint ``directory`` (``unimas eval --checkpoint``); its step."""
+        state = await self.checkpointer.load(directory)
+        self._continue_from(state)
+        return state.step
 
     # -- the loop ---------------------------------------------------------
     async def run(self, resume: bool = False) -> list[dict[str, Any]]:
@@ -335,13 +279,11 @@ class Trainer:
         writer = MetricsWriter(self.run_dir.metrics)
         history: list[dict[str, Any]] = []
         try:
-            if resume:  # the newest usable checkpoint; 0 = none usable: start over (see checkpoints.resume)
-                groups = sorted(self.config.models)
-                self.start_step = await self._guarded("resume", lambda: checkpoints.resume(
-                    self.run_dir, self.config, self.load_checkpoint,
-                    reset=lambda: asyncio.gather(*(self.transport.restart(g, None) for g in groups))))
-            if resume:
-                self._refuse_if_complete(self.start_step)
+            if resume:  # the newest usable checkpoint; none usable: start over from step 0
+                restored = await self._guarded("resume", self.checkpointer.resume)
+                if restored is not None:
+                    self.start_step = restored.step
+                    self._continue_from(restored)
             self.run_dir.config.write_text(dump_config(self.config))  # the config in force (not on a refusal)
             if self.start_step == 0:
                 record = {"step": 0, **(await self._guarded("step 0 (evaluation)",
@@ -358,8 +300,8 @@ class Trainer:
                 writer.write(record); history.append(record); self.log(record)
                 reached = stop is not None and stop.reached(record)
                 if last or reached or (trainer.save_every and done % trainer.save_every == 0):
-                    await self._guarded(f"step {done} (checkpoint)", lambda: self.save(done))
-                    self.snapshots.checkpointed(done)
+                    await self._guarded(f"step {done} (checkpoint)",
+                                        lambda: self.checkpointer.save(self._state(done)))
                 if reached:
                     break
         finally:
@@ -367,23 +309,6 @@ class Trainer:
             writer.close()
             gc.set_threshold(*collector)
         return history
-
-    def _refuse_if_complete(self, step: int) -> None:
-        """Raise :class:`RunAlreadyComplete` when the checkpoint resumed at ``step`` ends the run: it is of
-        ``trainer.steps`` (or later), or its step's record meets the stop condition in force."""
-        if step >= self.config.trainer.steps:
-            raise RunAlreadyComplete(f"already complete at step {step} (trainer.steps: {self.config.trainer.steps}); "
-                                     "nothing to resume")
-        stop = self.config.stop_condition
-        try:
-            logged = read_metrics(self.run_dir.metrics) if step and self.run_dir.metrics.exists() else []
-        except OSError as exc:  # unreadable, or a pipe or device in the run's place
-            raise UserError(f"cannot be read to resume: {exc.strerror or exc}", where=str(self.run_dir.metrics)) \
-                from None
-        records = [r for r in logged if r["step"] == step]
-        if stop is not None and records and stop.reached(records[-1]):
-            field = "trainer.stop_when" if self.config.trainer.stop_when is not None else "trainer.stop_at_accuracy"
-            raise RunAlreadyComplete(f"already complete at step {step} ({field} was met there); nothing to resume")
 
     async def _guarded(self, where: str, work: Callable[[], Awaitable[T]]) -> T:
         """Run ``work``; a model group that fails in it stops the run with a :class:`ModelGroupError`
