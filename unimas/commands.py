@@ -178,7 +178,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from unimas.output.console import quiet_libraries
     from unimas.output.rundir import RunDir
     from unimas.preflight.validate import validate
-    from unimas.training.trainer import RunAlreadyComplete
+    from unimas.training.resume import RunAlreadyComplete
 
     config = load_config(args.config, args.overrides)
     if args.dry_run:

@@ -47,7 +47,6 @@ from unimas.training.pipeline import RolloutPipeline, WeightVersions, pipeline_d
 from unimas.training.rollout import Rollout
 from unimas.output.rundir import RunDir, TrainerState
 from unimas.training.resume import Checkpointer
-from unimas.training.resume import RunAlreadyComplete  # noqa: F401  (`unimas train` catches it from here)
 from unimas.training.snapshots import SnapshotPools
 from unimas.training.update_order import execution_order, update_groups
 from unimas.trajectory import GraphTrajectory, write_jsonl
