@@ -86,11 +86,30 @@ class Backend(Protocol):
     group. Optional class methods: ``vocabulary(options)`` listing token
     strings for the stand-in model of ``unimas validate --episodes``, and
     ``has_chat_template(options)``, which ``unimas validate`` reports per role.
+
+    The capability flags say up front what the backend's groups can do, so
+    that ``unimas validate`` refuses a config needing what they cannot, naming
+    the field, instead of the run failing once the feature is first used
+    (after episodes were sampled). The defaults are what the torch and verl
+    backends do, except ``supports_critic``'s (off unless declared).
     """
 
     options: ClassVar[type["BaseModel"]]
     can_train: ClassVar[bool] = True
     """Capability flag: False for a backend that only generates (``unimas validate`` keeps trainable groups off it)."""
+    supports_critic: ClassVar[bool] = False
+    """Capability flag: True for a backend that trains a value model: a group's ``models.<group>.critic``, and
+    ``ModelGroup.critique`` as the group of ``algorithm.central_critic``. Off unless declared (unlike the other
+    flags): a group that ignored its critic section would train an estimator that takes values (gae) on none."""
+    can_score_turns: ClassVar[bool] = True
+    """Capability flag: False for a backend whose groups cannot ``score`` turns (their log-probability under the
+    current weights), which an ``algorithm.update_order`` with ``needs_ratios`` asks of every group it trains."""
+    can_host_adapters: ClassVar[bool] = True
+    """Capability flag: False for a backend that cannot host LoRA adapters (``models.<group>.lora``,
+    ``roles.<role>.adapter``)."""
+    can_save_weights: ClassVar[bool] = True
+    """Capability flag: False for a backend that cannot save its weights alone and load them back (an API endpoint
+    holds them): a snapshot pool (``models.<group>.snapshot``) copies the weights of ``snapshot.of`` that way."""
 
     @classmethod
     def build(cls, spec: "GroupSpec") -> "ModelGroup": ...

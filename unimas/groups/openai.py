@@ -42,6 +42,12 @@ class OpenAIModelGroup(ModelGroup):
     options: ClassVar[type[OpenAIOptions]] = OpenAIOptions
     can_train: ClassVar[bool] = False
     """Validation keeps trainable groups off this backend."""
+    can_score_turns: ClassVar[bool] = False
+    """The endpoint returns no log-probabilities of given turns."""
+    can_host_adapters: ClassVar[bool] = False
+    """The endpoint serves one model; :meth:`build` refuses LoRA adapters."""
+    can_save_weights: ClassVar[bool] = False
+    """The weights live behind the endpoint: :meth:`save` writes only its address."""
 
     def __init__(self, name: str, settings: OpenAIOptions):
         self.name = name

@@ -8,7 +8,8 @@ from unimas.algorithms.estimators import Estimator
 from unimas.algorithms.estimators import estimators as known_estimators
 from unimas.algorithms.losses import policy_losses as known_policy_losses
 from unimas.config.schema import ExperimentConfig
-from unimas.contract.protocols import CreditShaper, ReplayBuffer, RolloutControl, UpdateOrder, capability, declares
+from unimas.contract.protocols import (Backend, CreditShaper, ReplayBuffer, RolloutControl, UpdateOrder, capability,
+                                       declares)
 from unimas.contract.registry import Registry, singular
 from unimas.preflight import references
 from unimas.preflight.problems import Problem, params_problems, registered_backend
@@ -179,6 +180,6 @@ def _critic_problems(config: ExperimentConfig, registry: Registry, needs_values:
         elif not needs_values:
             problems.append((where, f"algorithm.estimator '{estimator}' takes no values, so this critic would "
                              "train for nothing; use estimator: gae, or remove the critic"))
-        elif backend is not None and not getattr(backend, "supports_critic", False):
+        elif backend is not None and not capability(backend, Backend, "supports_critic"):
             problems.append((where, f"backend '{group.backend}' has no critic (only the torch and verl backends do)"))
     return problems

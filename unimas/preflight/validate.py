@@ -4,8 +4,9 @@ Each problem is reported with the config path that holds it and how to fix
 it; all problems are collected, not just the first, so one edit round fixes
 them all. The checks are small functions (:data:`unimas.preflight.problems.Check`),
 one rule each, kept in modules by what they check (``checks_models``,
-``checks_algorithm``, ``checks_roles``, ``checks_workflow``, ``checks_scale``;
-``checks_tasks`` for the dataset's rows) and run in the order of :data:`CONFIG_CHECKS`.
+``checks_capabilities``, ``checks_algorithm``, ``checks_roles``,
+``checks_workflow``, ``checks_scale``; ``checks_tasks`` for the dataset's
+rows) and run in the order of :data:`CONFIG_CHECKS`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from unimas.preflight.checks_algorithm import (ALGORITHM_PLUGINS, ALGORITHM_PROT
                                                check_critics_for_values, check_critics_without_values,
                                                check_estimator, check_estimator_params, check_loss_params,
                                                forks_episodes, takes_values)
+from unimas.preflight.checks_capabilities import check_adapters_hosted, check_turns_scored, check_weights_saved
 from unimas.preflight.checks_models import check_model_groups, check_verl_groups
 from unimas.preflight.checks_roles import check_role_objectives, check_roles
 from unimas.preflight.checks_scale import MAX_EPISODES_PER_STEP, MAX_TORCH_THREADS, check_scale, eval_scale_problems
@@ -36,6 +38,9 @@ TASK_SAMPLE = 64
 
 CONFIG_CHECKS: tuple[Check, ...] = (
     check_model_groups,
+    check_adapters_hosted,
+    check_turns_scored,
+    check_weights_saved,
     check_verl_groups,
     check_scale,
     check_critic_paths,
@@ -55,8 +60,9 @@ CONFIG_CHECKS: tuple[Check, ...] = (
     check_critics_without_values,
     check_central_critic,
 )
-"""Every check of the config alone, in the order their problems are listed: model groups first, then the
-algorithm's plugins, the roles, the workflow and its rewards, the estimator and critics."""
+"""Every check of the config alone, in the order their problems are listed: model groups and what their
+backends can do first, then the algorithm's plugins, the roles, the workflow and its rewards, the estimator and
+its critics."""
 
 
 def check_config(config: ExperimentConfig, registry: Registry) -> list[Problem]:
