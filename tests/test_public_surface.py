@@ -159,7 +159,8 @@ def test_capability_flags_are_declared_with_defaults_and_read_only_when_declared
 
 def test_no_capability_flag_is_read_by_getattr():
     """The flags are read through ``capability`` only, so the list in contract/protocols.py is the whole list."""
-    flags = ("uses_forks", "needs_ratios", "rescales_advantages", "can_train")
+    flags = ("uses_forks", "needs_ratios", "rescales_advantages", "can_train", "supports_critic", "can_score_turns",
+             "can_host_adapters", "can_save_weights")
     pattern = re.compile(r"getattr\([^)]*[\"'](%s)[\"']" % "|".join(flags))
     found = [f"{p.relative_to(REPO)}: {m.group(0)}" for p in sorted((REPO / "unimas").rglob("*.py"))
              if p.name != "protocols.py" for m in pattern.finditer(p.read_text())]

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
+from unimas.contract.protocols import Backend, capability
 from unimas.runtime.build import backend_options
 
 if TYPE_CHECKING:  # `unimas validate` imports this module: no transport (model groups, torch) or credit here
@@ -101,7 +102,7 @@ def config_problems(config: ExperimentConfig, registry: Registry, takes_values: 
         problems.append((f"models.{central}.trainable", "the centralized critic trains its value model every step; "
                          "a frozen group (trainable: false) cannot"))
     backend = registry.get("backends", group.backend) if registry.has("backends", group.backend) else None
-    if backend is not None and not getattr(backend, "supports_critic", False):
+    if backend is not None and not capability(backend, Backend, "supports_critic"):
         problems.append((f"models.{central}.backend", f"backend '{group.backend}' has no critic; the centralized "
                          "critic needs a group of a backend with critics (torch, verl)"))
     if group.critic is None:
