@@ -107,3 +107,43 @@ def test_a_frozen_verl_group_plays_a_torch_learners_snapshot(tmp_path):
     finally:
         player.close()
         reference.close()
+
+
+def _debate_args(chat_model, *extra: str) -> list[str]:
+    from tests.test_snapshots import _args
+
+    return _args(chat_model, "models.policy.backend=verl", *extra)
+
+
+def test_a_verl_learner_feeds_a_torch_snapshot_pool_in_a_run(chat_model, tmp_path):
+    from safetensors.torch import load_file
+
+    from tests.test_snapshots import CONFIG, _same, _snapshot_metrics, _weights
+    from unimas.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", CONFIG, "--run-dir", str(run), *_debate_args(chat_model, "trainer.steps=2")]) == 0
+    assert [m["snapshot/opponent/pool_size"] for m in _snapshot_metrics(run)] == [1.0, 2.0]
+    snapshots = run / "snapshots" / "opponent"
+    assert sorted(p.name for p in (snapshots / "step_000002").iterdir()) == ["model"]  # weights only
+    final = run / "checkpoints" / "step_000002"
+    exported = {k: v for f in sorted((final / "policy" / "verl_actor" / "huggingface").glob("*.safetensors"))
+                for k, v in load_file(f).items()}
+    assert _same(_weights(snapshots / "step_000002"), exported)  # the learner's weights at step 2
+    assert not _same(_weights(snapshots / "step_000000"), exported)  # it learned since
+    played = int(_snapshot_metrics(run)[-1]["snapshot/opponent/playing_step"])
+    assert _same(_weights(final / "opponent"), _weights(snapshots / f"step_{played:06d}"))
+
+
+def test_snapshot_pools_across_backends_are_checked(chat_model, capsys):
+    from tests.test_snapshots import CONFIG
+    from unimas.cli import main
+
+    assert main(["validate", CONFIG, *_debate_args(chat_model)]) == 0
+    capsys.readouterr()
+    other_model = ["--set", "models.opponent.options.path=elsewhere"]
+    assert main(["validate", CONFIG, *_debate_args(chat_model), *other_model]) == 2
+    assert "models.opponent.options: a snapshot group must load the same model" in capsys.readouterr().err
+    served = ["models.opponent.backend=verl", "models.opponent.options.workers=ray"]
+    assert main(["validate", CONFIG, *_debate_args(chat_model, *served)]) == 2
+    assert "models.opponent.options.rollout: a verl snapshot group plays saved weights" in capsys.readouterr().err

@@ -63,9 +63,9 @@ def check_weights_saved(config: ExperimentConfig, registry: Registry) -> Iterato
             continue
         if _lacks(config, registry, name, "can_save_weights"):
             yield (f"models.{name}.snapshot", f"backend '{group.backend}' cannot load saved weights, so this group "
-                   "cannot play snapshots; put it on a backend that saves weights (torch)")
+                   "cannot play snapshots; put it on a backend that saves weights (torch, verl)")
         source = group.snapshot.of
         if _lacks(config, registry, source, "can_save_weights"):
             yield (f"models.{name}.snapshot.of", f"backend '{config.models[source].backend}' of model group "
                    f"'{source}' cannot save its weights, so no snapshot of it can be taken; snapshot a group of a "
-                   "backend that saves weights (torch)")
+                   "backend that saves weights (torch, verl)")

@@ -51,8 +51,13 @@ def unknown_policy_loss(config: ExperimentConfig, registry: Registry, name: str)
         yield (where, f"unknown policy loss '{loss}'; known: {', '.join(sorted(losses))}{registry.broken_hint()}")
 
 
+MODEL_SOURCE_OPTIONS = ("path", "tiny", "init_from")
+"""The options that say which model a group loads, named alike by the torch and verl backends."""
+
+
 def snapshot_pool(config: ExperimentConfig, registry: Registry, name: str) -> list[Problem]:
-    """A snapshot group is a frozen torch copy of a trainable torch group with the same model settings."""
+    """A snapshot group is a frozen copy of a trainable group that loads the same model: its options, or on
+    another backend (a torch group playing a verl learner's snapshots) the same model source."""
     group = config.models[name]
     if group.snapshot is None:
         return []
@@ -67,15 +72,20 @@ def snapshot_pool(config: ExperimentConfig, registry: Registry, name: str) -> li
                          f"'{group.snapshot.of}'; set trainable: false"))
     if not source.trainable or source.snapshot is not None:
         problems.append((where, f"'{group.snapshot.of}' must be a trainable group (snapshots of it are played)"))
-    if group.backend != "torch" or source.backend != "torch":
-        problems.append((f"models.{name}.backend", "snapshot pools need the torch backend on both groups"))
-    if group.options != source.options:
+    if group.backend == source.backend and group.options != source.options:
         problems.append((f"models.{name}.options", f"a snapshot group must load the same model as "
                          f"'{group.snapshot.of}': copy its options"))
+    elif group.backend != source.backend and _model_source(group.options) != _model_source(source.options):
+        problems.append((f"models.{name}.options", f"a snapshot group must load the same model as "
+                         f"'{group.snapshot.of}': copy its {', '.join(MODEL_SOURCE_OPTIONS)} options"))
     if group.lora is not None or source.lora is not None:
         problems.append((f"models.{name}.lora", "snapshot pools of LoRA groups are not supported: snapshot a "
                          "group that trains its full weights"))
     return problems
+
+
+def _model_source(options: dict) -> dict:
+    return {key: options.get(key) for key in MODEL_SOURCE_OPTIONS}
 
 
 GROUP_CHECKS: tuple[EntryCheck, ...] = (invalid_options, trained_on_generating_backend, unknown_policy_loss,

@@ -73,6 +73,9 @@ def group_problems(name: str, group: ModelGroupConfig, options: VerlOptions, ada
     if options.rollout_server and (options.rollout != "hf" or not group.trainable) and options.workers != "ray":
         problems.append((f"{where}.options.rollout_server", "server mode serves the hf rollout of a trained group "
                          "(rollout: hf, trainable: true); drop rollout_server for this group"))
+    if group.snapshot is not None and (options.rollout != "hf" or options.serves_hf):
+        problems.append((f"{where}.options.rollout", "a verl snapshot group plays saved weights through its "
+                         "in-process hf rollout only (rollout: hf, workers: in_process, no rollout_server)"))
     if options.rollout_mode == "standalone":
         problems.append((f"{where}.options.rollout_mode", "standalone rollout (own GPUs, NCCL weight sync) is not "
                          "implemented yet; use hybrid"))
