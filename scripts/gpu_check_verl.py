@@ -97,7 +97,7 @@ def _use_ray_stand_in() -> bool:
 RAY_STAND_IN = _use_ray_stand_in()  # before verl (or unimas) imports Ray
 
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, Qwen2Config  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config  # noqa: E402
 
 from unimas.algorithms import losses  # noqa: E402
 from unimas.config.schema import AlgorithmConfig, ModelGroupConfig, OptimConfig  # noqa: E402
@@ -150,12 +150,15 @@ def fixed_turns(tokenizer, rows: int) -> list[TrainTurn]:
 
 
 def hf_logprobs(model_dir: str, turns: list[TrainTurn], dtype: torch.dtype, device: str) -> list[list[float]]:
+    """The turns' response log-probs under a softmax over the tokenizer's ids only: both shapes have output rows
+    past the char tokenizer, which a verl group bans (``unimas.groups.verl.vocabulary``)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
+    size = len(AutoTokenizer.from_pretrained(model_dir))
     out = []
     with torch.no_grad():
         for turn in turns:
             ids = torch.tensor([turn.prompt_ids + turn.response_ids], device=device)
-            logits = model(input_ids=ids).logits[0, len(turn.prompt_ids) - 1:-1].float()
+            logits = model(input_ids=ids).logits[0, len(turn.prompt_ids) - 1:-1, :size].float()
             target = torch.tensor(turn.response_ids, device=device)[:, None]
             out.append(logits.log_softmax(-1).gather(-1, target).squeeze(-1).tolist())
     del model

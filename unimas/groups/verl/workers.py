@@ -22,6 +22,9 @@ process, or on every rank beside the actor), which both trainers reach
 through ``values``, ``train_critic`` and ``save_critic``/``load_critic``
 (:mod:`.critic`).
 
+In both, the actor's and the reference's logits ban the ids past the
+tokenizer (:mod:`.vocabulary`), which no rollout samples.
+
 Both save and load the engine's state through :mod:`.checkpoint` (each rank
 its own files), never through verl's checkpoint manager, which unpickles.
 """
@@ -37,7 +40,7 @@ import torch
 from unimas.errors import UserError
 from unimas.groups.base import GroupSpec
 from unimas.groups.verl import turn_rows
-from unimas.groups.verl import checkpoint, lora, patches
+from unimas.groups.verl import checkpoint, lora, patches, vocabulary
 from unimas.groups.verl.loss import unimas_loss, unimas_value_loss
 from unimas.groups.verl.options import SERVER_ROLLOUT
 
@@ -76,10 +79,12 @@ class InProcessTrainer:
                 with lora.seeded_init(configs.actor.model_config, spec.seed):
                     self.actor = TrainingWorker(configs.actor)
                     self.actor.reset()
+                vocabulary.ban_ids_past_tokenizer(self.actor.engine)
                 self.actor.set_loss_fn(partial(unimas_loss, spec.policy_loss, spec.algorithm))
             if configs.reference is not None:
                 self.reference = TrainingWorker(configs.reference)
                 self.reference.reset()
+                vocabulary.ban_ids_past_tokenizer(self.reference.engine)
             if configs.critic is not None:
                 self.critic = TrainingWorker(configs.critic)
                 self.critic.reset()
@@ -138,7 +143,9 @@ def _worker_class() -> type:
     (verl's export merges them in bfloat16); and, with ``critic`` (a value
     model ``TrainingWorkerConfig``), verl's critic ``TrainingWorker`` on each
     rank beside the actor, as the actor is built (``engine`` picks which one
-    the rate and the checkpoint calls are about).
+    the rate and the checkpoint calls are about); the actor's and the
+    reference's logits banning the ids past the tokenizer, as vLLM's servers
+    do (:mod:`.vocabulary`).
     """
     from verl.single_controller.base.decorator import Dispatch, make_nd_compute_dataproto_dispatch_fn, register
     from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
@@ -176,6 +183,8 @@ def _worker_class() -> type:
         def init_model(self):
             with lora.seeded_init(self.config.model, int(self.config.actor.fsdp_config.seed)):
                 built = super().init_model()
+            for worker in (self.actor, self.ref):
+                vocabulary.ban_ids_past_tokenizer(None if worker is None else worker.engine)
             if self._critic_config is not None:
                 self.critic = TrainingWorker(self._critic_config)
                 self.critic.reset()
