@@ -54,8 +54,10 @@ SHAPES = {
 }
 
 
-def build(sampler: str, shape: str) -> TorchModelGroup:
+def build(sampler: str, shape: str, kv_cache_mb: int | None = None) -> TorchModelGroup:
     options = {"tiny": {"alphabet": ALPHABET, **SHAPES[shape]}, "sampler": sampler}
+    if kv_cache_mb is not None:
+        options["vllm"] = {"kv_cache_mb": kv_cache_mb}
     config = ModelGroupConfig(options=options)
     spec = GroupSpec(name=f"bench_{sampler}", config=config, options=TorchOptions.model_validate(options),
                      adapters=[], seed=0, algorithm=AlgorithmConfig())
@@ -86,10 +88,12 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--new", type=int, default=32, help="tokens sampled per row")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kv-cache-mb", type=int, help="the vLLM engine's KV cache (options.vllm.kv_cache_mb); "
+                        "the default, 256 MiB, holds ~1,500 tokens at the 0.5b shape: ~32 rows at once")
     args = parser.parse_args()
     started = time.perf_counter()
     torch_group = build("inplace", args.shape)
-    vllm_group = build("vllm", args.shape)
+    vllm_group = build("vllm", args.shape, args.kv_cache_mb)
     vllm_group.sampler.engine.wait_ready()
     print(f"shape {args.shape}, {torch.get_num_threads()} torch threads; vLLM engine built in "
           f"{time.perf_counter() - started:.1f} s (import and start, left out below)")
