@@ -25,7 +25,8 @@ from unimas.config.schema import ModelGroupConfig, OptimConfig
 from unimas.errors import UserError
 from unimas.groups.base import GenRequest
 from unimas.groups.torch import TorchModelGroup, TorchOptions
-from unimas.groups.vllm_engine import EngineError, SampleSettings
+from unimas.groups.vllm_engine import (KV_CACHE_CEILING, KV_CACHE_FLOOR, EngineError, SampleSettings,
+                                       default_kv_cache_bytes)
 from unimas.groups import vllm_worker
 
 ALPHABET = "abcdefgh:SL "
@@ -175,3 +176,12 @@ def test_what_the_engine_cannot_serve_is_refused_before_it_starts():
         config = ModelGroupConfig(options={"tiny": TINY, "sampler": "vllm"}, lora={"r": 2})
         TorchModelGroup.build(group_spec(config, adapters=["a"]))
 
+
+
+def test_the_default_kv_cache_holds_the_batch_within_its_bounds():
+    per_token = 172 * 1024  # Qwen2-0.5B's layers, no grouped heads, float32
+    assert default_kv_cache_bytes(1024, 512, 256) == KV_CACHE_FLOOR  # the tiny model: 128 MiB would do
+    assert default_kv_cache_bytes(per_token, 64, 256) == 256 * 64 * per_token  # 256 rows of 64 tokens
+    assert default_kv_cache_bytes(per_token, 512, 256) == KV_CACHE_CEILING  # 22 GB asked: capped
+    huge = default_kv_cache_bytes(per_token, 32768, 256)
+    assert huge == 2 * 32768 * per_token > KV_CACHE_CEILING  # vLLM must fit two full-length sequences

@@ -49,7 +49,7 @@ from unimas.groups.hf import sampling
 from unimas.groups.streaming import TextProgress
 from unimas.groups.torch.sampled import SampledRows, SamplingPolicy
 from unimas.groups.vllm_engine import (EngineError, EngineSettings, SampleSettings, VllmEngine, VllmOptions,
-                                       kv_bytes_per_token)
+                                       default_kv_cache_bytes, kv_bytes_per_token)
 
 CHECKED_ROWS = 16
 """Rows of the first batch whose log-probs the trainer's forward recomputes (the check's cost is bounded)."""
@@ -76,7 +76,8 @@ class VllmSampler:
         config = model.config
         length = int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions"))
         per_token = kv_bytes_per_token(config, torch.empty((), dtype=getattr(torch, dtype)).element_size())
-        kv_bytes = (options.kv_cache_mb << 20) if options.kv_cache_mb else max(256 << 20, 2 * length * per_token)
+        kv_bytes = ((options.kv_cache_mb << 20) if options.kv_cache_mb
+                    else default_kv_cache_bytes(per_token, length, options.max_num_seqs))
         self.policy = policy
         self.generator = generator
         self.update_lock = update_lock
