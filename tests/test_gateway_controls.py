@@ -8,6 +8,7 @@ calling the first listed function and a tool result by repeating it; ``tiny-chat
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -155,6 +156,26 @@ def contents(chunks: list) -> list[str]:
         "content")]
 
 
+def check_streamed_episode(trajectory: Any, logprob_tolerance: float = 0.0) -> tuple[Any, ...]:
+    """What streaming must hold whatever samples the answers (``streaming_agent``'s greedy episode): the chat
+    stream, the stream cut by a stop string and the Responses stream each join to the recorded turn's text, and
+    the streamed turn's ids and log-probs are the non-streamed one's (within ``logprob_tolerance``).
+    Returns the outcome and the four turns (plain, whole, stopped, responded) for a test's own checks."""
+    assert trajectory.error is None, trajectory.error
+    outcome = trajectory.outcome
+    plain, whole, stopped, responded = trajectory.turns()
+    assert len(plain.response_ids) >= 8 and len(plain.text) >= 6, plain.text
+    pieces = contents(outcome["whole"])
+    assert len(pieces) > 1 and "".join(pieces) == whole.text == plain.text
+    assert whole.response_ids == plain.response_ids
+    assert whole.logprobs == pytest.approx(plain.logprobs, rel=0, abs=logprob_tolerance)  # greedy: the same turn
+    stop, pieces = outcome["stop"], contents(outcome["stopped"])
+    assert stopped.stop == stop and "".join(pieces) == stopped.text == plain.text[: plain.text.index(stop)]
+    deltas = [e["delta"] for e in outcome["events"] if e["type"] == "response.output_text.delta" and e["delta"]]
+    assert len(deltas) > 1 and "".join(deltas) == responded.text
+    return outcome, plain, whole, stopped, responded
+
+
 def test_streamed_answers_arrive_as_they_are_sampled_and_equal_the_recorded_turn():
     """On a tiny random-init model (long answers, no chat template): greedy, so every request of the episode
     samples the same answer, streamed or not."""
@@ -162,26 +183,19 @@ def test_streamed_answers_arrive_as_they_are_sampled_and_equal_the_recorded_turn
     tree["models"]["shared"]["options"] = {"tiny": {"alphabet": "abcdefgh: ", "hidden_size": 32, "num_layers": 2,
                                                     "num_heads": 4, "max_positions": 128}}
     [trajectory], _ = run_episodes(tree, [{"target": "e: f g", "answer": "x"}], greedy=True)
-    assert trajectory.error is None, trajectory.error
-    outcome = trajectory.outcome
-    plain, whole, stopped, responded = trajectory.turns()
-    assert len(plain.response_ids) >= 8 and len(plain.text) >= 6, plain.text
-    pieces = contents(outcome["whole"])
-    assert len(pieces) > 1 and "".join(pieces) == whole.text == outcome["plain"] == plain.text
-    assert whole.response_ids == plain.response_ids and whole.logprobs == plain.logprobs  # greedy: the same turn
+    outcome, plain, whole, stopped, responded = check_streamed_episode(trajectory)
+    assert outcome["plain"] == plain.text
     assert outcome["whole"][0]["choices"][0]["delta"]["role"] == "assistant"
     assert outcome["whole"][-1]["usage"]["completion_tokens"] == len(whole.response_ids)
     [chunk_id] = {c["id"] for c in outcome["whole"]}
     assert chunk_id.startswith("chatcmpl-") and chunk_id.endswith(f":{whole.id}")
     # a stop string is never streamed, not even its first character before it is complete
     stop, pieces = outcome["stop"], contents(outcome["stopped"])
-    assert stopped.stop == stop and "".join(pieces) == stopped.text == plain.text[: plain.text.index(stop)]
     shown = ["".join(pieces[:n]) for n in range(1, len(pieces))]  # what the client had seen before the end
     assert pieces and not any(text.endswith(stop[0]) or stop in text for text in shown)
     assert outcome["stopped"][-1]["choices"][0]["finish_reason"] == "stop"
     # the Responses API streams its text deltas the same way
-    deltas = [e["delta"] for e in outcome["events"] if e["type"] == "response.output_text.delta" and e["delta"]]
-    assert len(deltas) > 1 and "".join(deltas) == responded.text == outcome["events"][-1]["response"]["output_text"]
+    assert responded.text == outcome["events"][-1]["response"]["output_text"]
     assert [e["sequence_number"] for e in outcome["events"]] == list(range(len(outcome["events"])))
 
 

@@ -121,7 +121,7 @@ class InPlaceSampler:
     def sample(self, prompts: Sequence[list[int]], gen: GenerationConfig, greedy: bool, adapter: Optional[str],
                stops: sampling.StopStrings, listeners: Mapping[int, TextProgress]) -> SampledRows:
         model = self.policy.model
-        if model.training:  # an update ends with eval(); the call walks every module (~80 µs, tiny model)
+        if model.training:  # an update leaves the model in eval mode; the call walks every module (~80 µs, tiny model)
             model.eval()
         tokens, logprobs = _sample_here(self.policy, model, self.generator, prompts, gen, greedy, adapter, stops,
                                         listeners)
