@@ -56,7 +56,7 @@ from unimas.groups.hf import sampling
 from unimas.groups.hf import source as source_of
 from unimas.groups.hf.model_source import MODEL_DIR
 from unimas.groups.hf.pretrained import pretrained_model
-from unimas.groups.hf.weight_files import check_weights
+from unimas.groups.hf.weight_files import refuse_pickled_weights
 from unimas.groups.lora import check_target_modules
 from unimas.groups.results import bucket_key, is_refused, refused_result
 from unimas.groups.verl import checkpoint, critic, lora, patches, prompts, turn_rows
@@ -398,7 +398,7 @@ class VerlModelGroup(ModelGroup):
             raise UserError(f"model group '{self.name}' plays saved weights only with the in-process hf rollout "
                             "(options.rollout: hf, options.workers: in_process)", where=f"models.{self.name}.options")
         model_dir = Path(directory) / MODEL_DIR
-        check_weights(model_dir)
+        refuse_pickled_weights(model_dir)  # pretrained_model reads safetensors only, checked
         saved = pretrained_model(model_dir, torch.float32)
         with self._rollout_lock:
             run_sync(self.rollout.update_weights(saved.named_parameters(), global_steps=self.weight_version))

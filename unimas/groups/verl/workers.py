@@ -39,8 +39,7 @@ import torch
 
 from unimas.errors import UserError
 from unimas.groups.base import GroupSpec
-from unimas.groups.verl import turn_rows
-from unimas.groups.verl import checkpoint, lora, patches, vocabulary
+from unimas.groups.verl import checkpoint, lora, patches, turn_rows, vocabulary
 from unimas.groups.verl.loss import unimas_loss, unimas_value_loss
 from unimas.groups.verl.options import SERVER_ROLLOUT
 
